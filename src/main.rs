@@ -1,0 +1,4 @@
+//! The `pinq` command line.
+fn main() {
+    println!("pinq");
+}

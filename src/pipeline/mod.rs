@@ -1,0 +1,1 @@
+//! The delivery pipeline as pure, I/O-free state machines.
