@@ -6,12 +6,22 @@
 //! - [`message`]: the stored message (rkyv) and the shared [`message::Value`];
 //! - [`config`]: every setting, its default, loading and validation;
 //! - [`store`]: the storage interface and the in-memory engine;
+//! - [`storage`]: the io_uring LSM log (WAL, memtable, sorted tables, compaction);
 //! - [`pipeline`]: the delivery pipeline as pure state machines (dispatcher, hub, in-flight
-//!   table, deleter, janitor) driven by explicit time.
+//!   table, deleter, janitor) driven by explicit time;
+//! - [`server`]: the glommio shards that drive the pipeline and serve connections;
+//! - [`rpc`]: the Cap'n Proto protocol (generated code from `schema/`);
+//! - [`client`]: the Rust client library;
+//! - [`cli`]: the `pinq` command line.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod cli;
+pub mod client;
 pub mod config;
 pub mod key;
 pub mod message;
 pub mod pipeline;
+pub mod rpc;
+pub mod server;
+pub mod storage;
 pub mod store;
