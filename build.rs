@@ -1,0 +1,72 @@
+//! Regenerates the Rust code of the Cap'n Proto schema, `src/rpc/pinq_capnp.rs`, when the
+//! `capnp` program is installed.
+//!
+//! The generated file is committed, so pinq builds on machines without `capnp`; where the
+//! program is present, the file is regenerated into `OUT_DIR` and copied over the committed one
+//! only if it differs (an unchanged file keeps its timestamp and triggers no rebuild).
+//! `schema/check-generated.sh` sets `PINQ_CAPNP_CHECK_DIR` to make this script write the fresh
+//! code there instead of touching `src/`, and compares it with the committed copy.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SCHEMA: &str = "schema/pinq.capnp";
+const INCLUDE: &str = "schema/include";
+const GENERATED: &str = "src/rpc/pinq_capnp.rs";
+const CHECK_DIR_VAR: &str = "PINQ_CAPNP_CHECK_DIR";
+
+fn main() {
+    println!("cargo:rerun-if-changed={SCHEMA}");
+    println!("cargo:rerun-if-changed={GENERATED}");
+    println!("cargo:rerun-if-changed={INCLUDE}");
+    println!("cargo:rerun-if-env-changed={CHECK_DIR_VAR}");
+    if !capnp_installed() {
+        // No compiler: the committed copy is used as it is.
+        return;
+    }
+    if let Err(e) = regenerate() {
+        // A broken schema must not go unnoticed where the compiler is present.
+        panic!("regenerating {GENERATED} from {SCHEMA}: {e}");
+    }
+}
+
+fn capnp_installed() -> bool {
+    Command::new("capnp")
+        .arg("--version")
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+fn regenerate() -> Result<(), Box<dyn std::error::Error>> {
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?).join("capnp");
+    std::fs::create_dir_all(&out_dir)?;
+    capnpc::CompilerCommand::new()
+        .src_prefix("schema")
+        // Only the vendored standard imports: `capnp/stream.capnp` (for `-> stream`) ships in
+        // the Debian `libcapnp-dev` package, not in `capnproto`, and the output must not depend
+        // on what else a machine has installed.
+        .no_standard_import()
+        .import_path(INCLUDE)
+        .file(SCHEMA)
+        .default_parent_module(vec!["rpc".into()])
+        .output_path(&out_dir)
+        .run()?;
+    let fresh = std::fs::read(out_dir.join("pinq_capnp.rs"))?;
+    let target = match std::env::var_os(CHECK_DIR_VAR) {
+        Some(dir) if !dir.is_empty() => Path::new(&dir).join("pinq_capnp.rs"),
+        _ => PathBuf::from(GENERATED),
+    };
+    let current = std::fs::read(&target).unwrap_or_default();
+    if without_tool_version(&current) != without_tool_version(&fresh) {
+        std::fs::write(&target, &fresh)?;
+    }
+    Ok(())
+}
+
+/// The generated code minus the line naming the `capnp` program's version, so that another
+/// version of the tool producing the same code does not rewrite the committed file.
+fn without_tool_version(code: &[u8]) -> Vec<&[u8]> {
+    code.split(|&b| b == b'\n')
+        .filter(|line| !line.starts_with(b"// capnp binary version:"))
+        .collect()
+}
