@@ -1,0 +1,246 @@
+//! A consumer's subscription: the `Consumer` capability the broker delivers to, the bounded
+//! local queue it fills, and the `Subscription` capability to ack, nack and touch with.
+
+use std::fmt;
+
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
+use uuid::Uuid;
+
+use super::{Client, ClientError, Delivery, EventKey, Pending, TagResult, WireError};
+use crate::rpc::pinq_capnp::{consumer, subscription};
+use crate::rpc::{self, Field};
+
+/// Local queue length used when the broker's default is asked for (`queue_size` 0); equal to
+/// the broker's default `delivery.consumerQueueSize`.
+const LOCAL_QUEUE_LEN_DEFAULT: usize = 1024;
+/// Upper bound of the local queue, whatever the caller asks for.
+const LOCAL_QUEUE_LEN_MAX: usize = 1 << 20;
+
+/// The `Consumer` capability: receives delivery batches and queues them for the application.
+pub(super) struct Inbox {
+    pub(super) queue: LocalSender<Delivery>,
+}
+
+impl consumer::Server for Inbox {
+    async fn deliver(
+        self: capnp::capability::Rc<Self>,
+        params: consumer::DeliverParams,
+    ) -> Result<(), capnp::Error> {
+        let deliveries = rpc::read_deliveries(params.get()?.get_deliveries()?)?;
+        drop(params);
+        // Not returning until every delivery is queued is the back-pressure: the broker
+        // sends more only as earlier `deliver` calls return.
+        for delivery in deliveries {
+            if self.queue.send(delivery).await.is_err() {
+                // The application dropped its `Subscription`; the broker redelivers.
+                return Err(capnp::Error::disconnected(
+                    "the subscription was dropped by the consumer".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A subscription of one consumer. Deliveries are read with [`Subscription::recv`] or
+/// [`Subscription::recv_batch`]; each must then be acked, nacked, or left to time out.
+/// Dropping it is a disconnect: the broker redelivers what it held.
+pub struct Subscription {
+    client: Client,
+    capability: subscription::Client,
+    queue: LocalReceiver<Delivery>,
+    consumer_id: Uuid,
+    topic: String,
+    group: String,
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("topic", &self.topic)
+            .field("group", &self.group)
+            .field("consumer_id", &self.consumer_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    pub(super) async fn open(
+        client: Client,
+        topic: &str,
+        group: &str,
+        queue_size: u32,
+    ) -> Result<Subscription, ClientError> {
+        let local_len = match queue_size {
+            0 => LOCAL_QUEUE_LEN_DEFAULT,
+            n => (n as usize).min(LOCAL_QUEUE_LEN_MAX),
+        };
+        let (sender, queue) = local_channel::new_bounded(local_len);
+        let consumer: consumer::Client = capnp_rpc::new_client(Inbox { queue: sender });
+        let mut request = client.broker().subscribe_request();
+        {
+            let mut params = request.get();
+            params.set_topic(topic);
+            params.set_group(group);
+            params.set_consumer(consumer);
+            params.set_queue_size(queue_size);
+        }
+        let reply = request
+            .send()
+            .promise
+            .await
+            .map_err(ClientError::from_rpc)?;
+        let reply = reply.get().map_err(ClientError::bad_reply)?;
+        let capability = reply.get_subscription().map_err(ClientError::bad_reply)?;
+        let id_bytes = reply.get_consumer_id().map_err(ClientError::bad_reply)?;
+        let consumer_id = rpc::read_consumer_id(id_bytes).map_err(ClientError::BadReply)?;
+        Ok(Subscription {
+            client,
+            capability,
+            queue,
+            consumer_id,
+            topic: topic.to_owned(),
+            group: group.to_owned(),
+        })
+    }
+
+    /// The consumer's id, as the broker assigned it.
+    pub fn consumer_id(&self) -> Uuid {
+        self.consumer_id
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The group; empty for a universal consumer.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The connection this subscription lives on.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The next delivery, waiting for one. `None` once the broker ended the subscription or the
+    /// connection is gone.
+    pub async fn recv(&self) -> Option<Delivery> {
+        self.queue.recv().await
+    }
+
+    /// Waits for at least one delivery, then takes whatever else is already queued, up to `max`
+    /// in all. Empty once the subscription has ended.
+    pub async fn recv_batch(&self, max: usize) -> Vec<Delivery> {
+        let mut batch = Vec::new();
+        if max == 0 {
+            return batch;
+        }
+        let Some(first) = self.queue.recv().await else {
+            return batch;
+        };
+        batch.push(first);
+        while batch.len() < max {
+            match futures_lite::future::poll_once(self.queue.recv()).await {
+                Some(Some(delivery)) => batch.push(delivery),
+                // Nothing queued right now, or the subscription ended.
+                _ => break,
+            }
+        }
+        batch
+    }
+
+    /// Acknowledges delivered messages; one result per tag, in order.
+    pub fn ack(&self, tags: &[EventKey]) -> Pending<Vec<TagResult>> {
+        let mut request = self.capability.ack_request();
+        let Some(count) = tag_count(tags) else {
+            return too_many_tags(tags);
+        };
+        rpc::write_tags(request.get().init_tags(count), tags);
+        let reply = request.send().promise;
+        Pending::new(async move {
+            let reply = reply.await.map_err(ClientError::from_rpc)?;
+            let results = reply
+                .get()
+                .and_then(|r| r.get_results())
+                .map_err(ClientError::bad_reply)?;
+            checked_results(results, count)
+        })
+    }
+
+    /// Hands delivered messages back for redelivery after `delay_ms` (0: at once).
+    pub fn nack(&self, tags: &[EventKey], delay_ms: u64) -> Pending<Vec<TagResult>> {
+        let mut request = self.capability.nack_request();
+        let Some(count) = tag_count(tags) else {
+            return too_many_tags(tags);
+        };
+        request.get().set_delay_ms(delay_ms);
+        rpc::write_tags(request.get().init_tags(count), tags);
+        let reply = request.send().promise;
+        Pending::new(async move {
+            let reply = reply.await.map_err(ClientError::from_rpc)?;
+            let results = reply
+                .get()
+                .and_then(|r| r.get_results())
+                .map_err(ClientError::bad_reply)?;
+            checked_results(results, count)
+        })
+    }
+
+    /// Extends the lease of delivered messages: their in-flight timeout starts again.
+    pub fn touch(&self, tags: &[EventKey]) -> Pending<Vec<TagResult>> {
+        let mut request = self.capability.touch_request();
+        let Some(count) = tag_count(tags) else {
+            return too_many_tags(tags);
+        };
+        rpc::write_tags(request.get().init_tags(count), tags);
+        let reply = request.send().promise;
+        Pending::new(async move {
+            let reply = reply.await.map_err(ClientError::from_rpc)?;
+            let results = reply
+                .get()
+                .and_then(|r| r.get_results())
+                .map_err(ClientError::bad_reply)?;
+            checked_results(results, count)
+        })
+    }
+
+    /// Ends the subscription and waits for the broker to confirm. Deliveries still queued
+    /// locally are dropped; the broker redelivers everything not acked.
+    pub async fn close(self) -> Result<(), ClientError> {
+        self.capability
+            .close_request()
+            .send()
+            .promise
+            .await
+            .map_err(ClientError::from_rpc)?;
+        Ok(())
+    }
+}
+
+fn tag_count(tags: &[EventKey]) -> Option<u32> {
+    u32::try_from(tags.len()).ok()
+}
+
+fn too_many_tags<T: 'static>(tags: &[EventKey]) -> Pending<T> {
+    Pending::failed(ClientError::InvalidRequest(WireError::TooLarge {
+        field: Field::top("tags (count)"),
+        value: tags.len() as u64,
+        max: u64::from(u32::MAX),
+    }))
+}
+
+fn checked_results(
+    results: capnp::enum_list::Reader<'_, TagResult>,
+    count: u32,
+) -> Result<Vec<TagResult>, ClientError> {
+    let results = rpc::read_tag_results(results).map_err(ClientError::BadReply)?;
+    if results.len() != count as usize {
+        return Err(ClientError::BadReply(WireError::WrongLength {
+            field: Field::top("results (count)"),
+            len: results.len(),
+            expected: count as usize,
+        }));
+    }
+    Ok(results)
+}
