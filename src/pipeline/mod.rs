@@ -1,1 +1,37 @@
-//! The delivery pipeline as pure, I/O-free state machines.
+//! The delivery pipeline as pure, I/O-free state machines, and the async steps that connect
+//! them to a [`Store`].
+//!
+//! ```text
+//!  store ──scan──▶ dispatcher ──▶ hub ──▶ consumer queues ──drain──▶ connections
+//!                     ▲            │
+//!   ack / nack ───────┴── in-flight table ──▶ deleter ──▶ delete batch ──▶ store
+//!                                              ▲
+//!   expired messages (janitor sweep) ──────────┘
+//! ```
+//!
+//! [`ShardCore`] owns one shard's pipeline; its parts live in [`hub`], [`inflight`],
+//! [`dispatcher`], [`deleter`] and [`janitor`]. None of them reads a clock, sleeps or does I/O.
+//! The functions in [`drive`] carry a core's requests to a store; they borrow the core only
+//! between awaits, so several tasks of one shard can share it in a `RefCell`.
+
+pub mod deleter;
+pub mod dispatcher;
+pub mod drive;
+pub mod hub;
+pub mod inflight;
+pub mod janitor;
+pub mod shard;
+
+pub use deleter::DeleteBatch;
+pub use dispatcher::ScanRequest;
+pub use hub::{ConsumerId, RecipientId};
+pub use shard::{
+    ConsumerError, Counters, Delivery, PublishError, PublishMessage, ShardCore, ShardStats,
+    StoreBatch, TagResult,
+};
+
+#[allow(unused_imports)]
+use crate::store::Store;
+
+#[cfg(test)]
+mod tests;

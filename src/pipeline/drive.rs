@@ -1,0 +1,137 @@
+//! Async steps that carry a [`ShardCore`]'s requests to a [`Store`] and feed back the results.
+//!
+//! These are the only places the pipeline meets storage. Each step borrows the core for short,
+//! synchronous stretches and never across an await, so the publish path, the dispatch loop and
+//! the deleter of one shard can run as separate tasks over one `RefCell<ShardCore>`.
+
+use std::cell::RefCell;
+
+use super::shard::{PublishError, PublishMessage, ShardCore};
+use crate::config::AckLevel;
+use crate::key::{self, EventKey};
+use crate::store::{Store, StoreError, Sync};
+
+/// Why a publish failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishFailure {
+    #[error(transparent)]
+    Rejected(#[from] PublishError),
+    #[error("storage failed: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// Loads the shard's persisted event-id high-water mark into the core (call once at start).
+pub async fn recover<S: Store>(core: &RefCell<ShardCore>, store: &S) -> Result<(), StoreError> {
+    let meta = store
+        .get(&key::meta::key(key::meta::EVENT_ID_HIGH_WATER))
+        .await?;
+    if let Some(high_water) = meta.and_then(|v| ShardCore::parse_high_water(v.as_bytes())) {
+        core.borrow_mut().recover_event_ids(high_water);
+    }
+    Ok(())
+}
+
+/// Validates, stores and announces one publish batch; returns the delivery tags once the batch
+/// has reached the store at the requested level.
+pub async fn publish<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    now_ms: u64,
+    messages: &[PublishMessage],
+    ack: AckLevel,
+) -> Result<Vec<EventKey>, PublishFailure> {
+    let batch = core.borrow_mut().prepare_publish(now_ms, messages, ack)?;
+    let sync = if ack == AckLevel::Durable {
+        Sync::Durable
+    } else {
+        Sync::Buffered
+    };
+    match store.write(batch.to_write_batch(), sync).await {
+        Ok(()) => {
+            core.borrow_mut().on_publish_applied(&batch);
+            Ok(batch.tags())
+        }
+        Err(error) => {
+            core.borrow_mut().on_publish_failed(batch.id);
+            Err(error.into())
+        }
+    }
+}
+
+/// Runs one dispatch pass. Returns whether it was productive (run the next one at once).
+pub async fn dispatch_pass<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    now_ms: u64,
+) -> Result<bool, StoreError> {
+    let requests = core.borrow_mut().plan_pass(now_ms);
+    for request in &requests {
+        let rows = store
+            .scan(&request.start, Some(&request.end), request.limit)
+            .await?;
+        let next = if rows.len() < request.limit {
+            store
+                .first_key(&request.end, Some(&request.seek_end))
+                .await?
+        } else {
+            None
+        };
+        core.borrow_mut()
+            .on_scan(now_ms, request, &rows, next.as_deref());
+    }
+    Ok(core.borrow().productive())
+}
+
+/// Flushes one delete batch if one is due. Deletes are durable: an applied delete survives a
+/// crash, so an ACKed message is not redelivered after a restart. Returns whether a batch went out.
+pub async fn flush_deletes<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    now_ms: u64,
+) -> Result<bool, StoreError> {
+    let Some(batch) = core.borrow_mut().take_delete_batch(now_ms) else {
+        return Ok(false);
+    };
+    match store.write(batch.to_write_batch(), Sync::Durable).await {
+        Ok(()) => {
+            core.borrow_mut().on_delete_applied(&batch);
+            Ok(true)
+        }
+        Err(error) => {
+            core.borrow_mut().on_delete_failed(batch);
+            Err(error)
+        }
+    }
+}
+
+/// Runs a whole janitor sweep if one is due, calling `between_pages` after each page (the shell
+/// passes a yield so a long sweep never starves dispatch). Returns whether a sweep ran.
+pub async fn sweep<S: Store, F, Fut>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    now_ms: u64,
+    mut between_pages: F,
+) -> Result<bool, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(mut page) = core.borrow_mut().begin_sweep(now_ms) else {
+        return Ok(false);
+    };
+    loop {
+        let rows = match store.scan(&page.start, None, page.limit).await {
+            Ok(rows) => rows,
+            Err(error) => {
+                core.borrow_mut().abort_sweep(now_ms);
+                return Err(error);
+            }
+        };
+        let next = core.borrow_mut().on_sweep_page(now_ms, &rows);
+        match next {
+            Some(next) => page = next,
+            None => return Ok(true),
+        }
+        between_pages().await;
+    }
+}

@@ -1,0 +1,368 @@
+//! The hub: consumers, groups and their bounded queues (pure; no I/O, no clock).
+//!
+//! Each consumer registers with `(topic, group)`. A non-empty group is one *recipient* whose
+//! members compete round-robin (the pointer rotates on every dispatch); an empty group makes the
+//! consumer a universal recipient of its own (fan-out). Every consumer has a bounded queue that
+//! the shard's shell drains toward the connection; [`Hub::choose`] never blocks and never picks a
+//! consumer without room (queue length and unacknowledged copies are both bounded).
+//!
+//! The hub does not know message states; the shard core ([`super::shard`]) owns the in-flight
+//! table and calls the hub to pick holders. Recipients keep their own retry list (`pending`) of
+//! copies waiting for a consumer, so a group without members parks its claims at no cost.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use ahash::{AHashMap, AHashSet};
+use smallvec::SmallVec;
+
+use crate::key::{EventKey, TopicHash};
+
+/// A consumer's handle inside one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConsumerId(pub u64);
+
+/// A group or a universal consumer: something that gets its own copy of each message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecipientId(pub u64);
+
+/// A delivery waiting in a consumer's queue. `attempt` ties it to one delivery of the copy: if
+/// the copy changed hands since (timeout, NACK), the drain drops this stale entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    pub key: EventKey,
+    pub attempt: u32,
+}
+
+pub struct Consumer {
+    pub uuid: uuid::Uuid,
+    pub topic: Arc<str>,
+    pub recipient: RecipientId,
+    pub queue: VecDeque<Queued>,
+    /// Keys whose copy this consumer holds (queued or delivered, not yet ACKed).
+    pub held: AHashSet<EventKey>,
+}
+
+#[derive(Debug)]
+pub enum RecipientKind {
+    Group {
+        name: Arc<str>,
+        members: Vec<ConsumerId>,
+        next: usize,
+        empty_since_ms: Option<u64>,
+    },
+    Universal {
+        consumer: ConsumerId,
+    },
+}
+
+pub struct Recipient {
+    pub topic: Arc<str>,
+    pub kind: RecipientKind,
+    /// Copies waiting for a consumer of this recipient, oldest first. Each key appears once:
+    /// a copy is in this list exactly while its state is `Pending`.
+    pub pending: VecDeque<EventKey>,
+}
+
+impl Recipient {
+    pub fn has_members(&self) -> bool {
+        match &self.kind {
+            RecipientKind::Group { members, .. } => !members.is_empty(),
+            RecipientKind::Universal { .. } => true,
+        }
+    }
+}
+
+/// Consumers of one topic.
+pub struct TopicMembers {
+    pub hash: TopicHash,
+    pub groups: AHashMap<Arc<str>, RecipientId>,
+    pub universals: Vec<RecipientId>,
+    pub live_consumers: usize,
+}
+
+pub struct Hub {
+    queue_len_max: usize,
+    unacked_max: usize,
+    next_id: u64,
+    pub consumers: AHashMap<ConsumerId, Consumer>,
+    pub recipients: AHashMap<RecipientId, Recipient>,
+    pub topics: AHashMap<Arc<str>, TopicMembers>,
+}
+
+/// What [`Hub::register`] created.
+pub struct Registered {
+    pub consumer: ConsumerId,
+    pub recipient: RecipientId,
+    /// True when this consumer is the topic's first live consumer.
+    pub topic_became_served: bool,
+}
+
+/// What [`Hub::unregister`] removed.
+pub struct Unregistered {
+    pub consumer: Consumer,
+    /// True for a universal consumer: its recipient is gone and its copies are to be forgotten.
+    pub recipient_removed: Option<Recipient>,
+    /// True when the topic has no live consumer left.
+    pub topic_unserved: bool,
+}
+
+impl Hub {
+    pub fn new(queue_len_max: usize, unacked_max: usize) -> Hub {
+        Hub {
+            queue_len_max: queue_len_max.max(1),
+            unacked_max: unacked_max.max(1),
+            next_id: 1,
+            consumers: AHashMap::new(),
+            recipients: AHashMap::new(),
+            topics: AHashMap::new(),
+        }
+    }
+
+    fn allocate(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Registers a consumer. An empty `group` makes it universal. `queue_len_max` (the client's
+    /// requested queue size) is capped by the configured bound.
+    pub fn register(&mut self, topic: &str, group: &str, uuid: uuid::Uuid) -> Registered {
+        let consumer = ConsumerId(self.allocate());
+        let topic_name: Arc<str> = match self.topics.get_key_value(topic) {
+            Some((name, _)) => name.clone(),
+            None => Arc::from(topic),
+        };
+        let recipient = if group.is_empty() {
+            let recipient = RecipientId(self.allocate());
+            self.recipients.insert(
+                recipient,
+                Recipient {
+                    topic: topic_name.clone(),
+                    kind: RecipientKind::Universal { consumer },
+                    pending: VecDeque::new(),
+                },
+            );
+            self.topics_entry(&topic_name).universals.push(recipient);
+            recipient
+        } else {
+            let existing = self
+                .topics
+                .get(topic)
+                .and_then(|t| t.groups.get(group))
+                .copied();
+            let recipient = match existing {
+                Some(r) => r,
+                None => {
+                    let recipient = RecipientId(self.allocate());
+                    let name: Arc<str> = Arc::from(group);
+                    self.recipients.insert(
+                        recipient,
+                        Recipient {
+                            topic: topic_name.clone(),
+                            kind: RecipientKind::Group {
+                                name: name.clone(),
+                                members: Vec::new(),
+                                next: 0,
+                                empty_since_ms: None,
+                            },
+                            pending: VecDeque::new(),
+                        },
+                    );
+                    self.topics_entry(&topic_name)
+                        .groups
+                        .insert(name, recipient);
+                    recipient
+                }
+            };
+            if let Some(Recipient {
+                kind:
+                    RecipientKind::Group {
+                        members,
+                        empty_since_ms,
+                        ..
+                    },
+                ..
+            }) = self.recipients.get_mut(&recipient)
+            {
+                members.push(consumer);
+                *empty_since_ms = None;
+            }
+            recipient
+        };
+        let members = self.topics_entry(&topic_name);
+        members.live_consumers += 1;
+        let topic_became_served = members.live_consumers == 1;
+        self.consumers.insert(
+            consumer,
+            Consumer {
+                uuid,
+                topic: topic_name,
+                recipient,
+                queue: VecDeque::new(),
+                held: AHashSet::default(),
+            },
+        );
+        Registered {
+            consumer,
+            recipient,
+            topic_became_served,
+        }
+    }
+
+    fn topics_entry(&mut self, topic: &Arc<str>) -> &mut TopicMembers {
+        self.topics
+            .entry(topic.clone())
+            .or_insert_with(|| TopicMembers {
+                hash: TopicHash::of(topic),
+                groups: AHashMap::new(),
+                universals: Vec::new(),
+                live_consumers: 0,
+            })
+    }
+
+    /// Removes a consumer. A group keeps its claims (and its pending list) when its last member
+    /// leaves; a universal consumer's recipient is removed and returned.
+    pub fn unregister(&mut self, consumer: ConsumerId, now_ms: u64) -> Option<Unregistered> {
+        let removed = self.consumers.remove(&consumer)?;
+        let mut recipient_removed = None;
+        match self
+            .recipients
+            .get_mut(&removed.recipient)
+            .map(|r| &mut r.kind)
+        {
+            Some(RecipientKind::Group {
+                members,
+                next,
+                empty_since_ms,
+                ..
+            }) => {
+                if let Some(at) = members.iter().position(|m| *m == consumer) {
+                    members.remove(at);
+                    if *next > at {
+                        *next -= 1;
+                    }
+                }
+                if members.is_empty() {
+                    *empty_since_ms = Some(now_ms);
+                    *next = 0;
+                }
+            }
+            Some(RecipientKind::Universal { .. }) => {
+                recipient_removed = self.recipients.remove(&removed.recipient);
+                if let Some(members) = self.topics.get_mut(&removed.topic) {
+                    members.universals.retain(|r| *r != removed.recipient);
+                }
+            }
+            None => {}
+        }
+        let mut topic_unserved = false;
+        if let Some(members) = self.topics.get_mut(&removed.topic) {
+            members.live_consumers -= 1;
+            topic_unserved = members.live_consumers == 0;
+            if topic_unserved && members.groups.is_empty() && members.universals.is_empty() {
+                self.topics.remove(&removed.topic);
+            }
+        }
+        Some(Unregistered {
+            consumer: removed,
+            recipient_removed,
+            topic_unserved,
+        })
+    }
+
+    /// Removes a group and returns it (with its pending list), if it has no members.
+    pub fn remove_group(&mut self, recipient: RecipientId) -> Option<Recipient> {
+        let has_members = self.recipients.get(&recipient)?.has_members();
+        if has_members {
+            return None;
+        }
+        let removed = self.recipients.remove(&recipient)?;
+        if let RecipientKind::Group { name, .. } = &removed.kind {
+            if let Some(members) = self.topics.get_mut(&removed.topic) {
+                members.groups.remove(name);
+                if members.live_consumers == 0
+                    && members.groups.is_empty()
+                    && members.universals.is_empty()
+                {
+                    self.topics.remove(&removed.topic);
+                }
+            }
+        }
+        Some(removed)
+    }
+
+    /// The recipients a message of `topic` gets right now: groups with members, and universal
+    /// consumers. Fixed at a message's first dispatch.
+    pub fn recipients_of(&self, topic: &str) -> SmallVec<[RecipientId; 4]> {
+        let mut out = SmallVec::new();
+        if let Some(members) = self.topics.get(topic) {
+            for recipient in members.groups.values() {
+                if self
+                    .recipients
+                    .get(recipient)
+                    .is_some_and(Recipient::has_members)
+                {
+                    out.push(*recipient);
+                }
+            }
+            out.extend(members.universals.iter().copied());
+        }
+        out
+    }
+
+    fn has_room(&self, consumer: ConsumerId) -> bool {
+        self.consumers
+            .get(&consumer)
+            .is_some_and(|c| c.queue.len() < self.queue_len_max && c.held.len() < self.unacked_max)
+    }
+
+    /// How many more copies a recipient's consumers can take now.
+    pub fn room(&self, recipient: RecipientId) -> usize {
+        let room_of = |c: &ConsumerId| {
+            self.consumers.get(c).map_or(0, |c| {
+                (self.queue_len_max.saturating_sub(c.queue.len()))
+                    .min(self.unacked_max.saturating_sub(c.held.len()))
+            })
+        };
+        match self.recipients.get(&recipient).map(|r| &r.kind) {
+            Some(RecipientKind::Group { members, .. }) => members.iter().map(room_of).sum(),
+            Some(RecipientKind::Universal { consumer }) => room_of(consumer),
+            None => 0,
+        }
+    }
+
+    /// Picks the consumer of `recipient` that takes the next copy, or `None` if every consumer is
+    /// full (or the group has no members). Groups rotate their pointer on every dispatch.
+    /// Returns the number of full consumers skipped as well.
+    pub fn choose(&mut self, recipient: RecipientId) -> (Option<ConsumerId>, u64) {
+        let mut skipped = 0;
+        let candidates: SmallVec<[ConsumerId; 8]> =
+            match self.recipients.get(&recipient).map(|r| &r.kind) {
+                Some(RecipientKind::Universal { consumer }) => smallvec::smallvec![*consumer],
+                Some(RecipientKind::Group { members, next, .. }) => {
+                    let n = members.len();
+                    (0..n).map(|i| members[(next + i) % n]).collect()
+                }
+                None => SmallVec::new(),
+            };
+        for (offset, candidate) in candidates.iter().enumerate() {
+            if self.has_room(*candidate) {
+                if let Some(Recipient {
+                    kind: RecipientKind::Group { members, next, .. },
+                    ..
+                }) = self.recipients.get_mut(&recipient)
+                {
+                    *next = (*next + offset + 1) % members.len().max(1);
+                }
+                return (Some(*candidate), skipped);
+            }
+            skipped += 1;
+        }
+        (None, skipped)
+    }
+
+    pub fn queue_len_max(&self) -> usize {
+        self.queue_len_max
+    }
+}

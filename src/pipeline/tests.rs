@@ -1,0 +1,925 @@
+//! Behaviour tests of the pure pipeline, driven through a `MemStore` with hand-moved time.
+//! No sleeps, no sockets: every test is deterministic.
+
+use std::cell::RefCell;
+
+use futures_lite::future::block_on;
+
+use super::drive;
+use super::shard::{Delivery, PublishError, PublishMessage, ShardCore, TagResult};
+use super::ConsumerId;
+use crate::config::{AckLevel, DeliveryConfig, PublishConfig};
+use crate::key::{self, EventKey, Key, TopicHash};
+use crate::message::{StoredMessage, Value};
+use crate::store::{MemStore, Store, StoreError, Sync, WriteBatch};
+
+/// A store that records the rows it hands out and can be told to fail writes.
+#[derive(Default)]
+pub(super) struct TestStore {
+    pub inner: MemStore,
+    pub read: RefCell<Vec<Key>>,
+    pub fail_writes: RefCell<bool>,
+}
+
+impl Store for TestStore {
+    async fn write(&self, batch: WriteBatch, sync: Sync) -> Result<(), StoreError> {
+        if *self.fail_writes.borrow() {
+            return Err(StoreError::Closed);
+        }
+        self.inner.write(batch, sync).await
+    }
+
+    async fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Key, Value)>, StoreError> {
+        let rows = self.inner.scan_now(start, end, limit);
+        self.read
+            .borrow_mut()
+            .extend(rows.iter().map(|(k, _)| k.clone()));
+        Ok(rows)
+    }
+
+    async fn first_key(&self, start: &[u8], end: Option<&[u8]>) -> Result<Option<Key>, StoreError> {
+        Ok(self.inner.first_key_now(start, end))
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        Ok(self.inner.get_now(key))
+    }
+}
+
+pub(super) struct Sim {
+    pub core: RefCell<ShardCore>,
+    pub store: TestStore,
+    pub now_ms: u64,
+}
+
+pub(super) fn config() -> DeliveryConfig {
+    DeliveryConfig {
+        in_flight_timeout_ms: 1_000,
+        delete_batch_interval_ms: 100,
+        ttl_sweep_interval_ms: 10_000,
+        consumer_queue_len_max: 4,
+        ..DeliveryConfig::default()
+    }
+}
+
+impl Sim {
+    pub fn new(delivery: DeliveryConfig) -> Sim {
+        let now_ms = 1_000_000;
+        Sim {
+            core: RefCell::new(ShardCore::new(delivery, PublishConfig::default(), now_ms)),
+            store: TestStore::default(),
+            now_ms,
+        }
+    }
+
+    pub fn publish_with(
+        &mut self,
+        topic: &str,
+        payload: &str,
+        delay_ms: i64,
+        ttl_ms: i64,
+    ) -> EventKey {
+        let message = PublishMessage {
+            delay_ms,
+            ttl_ms,
+            ..PublishMessage::new(topic, payload.as_bytes())
+        };
+        let tags = block_on(drive::publish(
+            &self.core,
+            &self.store,
+            self.now_ms,
+            &[message],
+            AckLevel::Durable,
+        ))
+        .unwrap();
+        tags[0]
+    }
+
+    pub fn publish(&mut self, topic: &str, payload: &str) -> EventKey {
+        self.publish_with(topic, payload, 0, 0)
+    }
+
+    pub fn subscribe(&mut self, topic: &str, group: &str) -> ConsumerId {
+        let uuid = uuid::Uuid::from_u128(self.core.borrow().consumer_count() as u128 + 1);
+        self.core
+            .borrow_mut()
+            .subscribe(self.now_ms, topic, group, uuid)
+            .unwrap()
+    }
+
+    /// One dispatch pass.
+    pub fn pass(&mut self) -> bool {
+        block_on(drive::dispatch_pass(&self.core, &self.store, self.now_ms)).unwrap()
+    }
+
+    /// Passes until one is unproductive, as the shell drains without waiting.
+    pub fn settle(&mut self) {
+        for _ in 0..1000 {
+            if !self.pass() {
+                return;
+            }
+        }
+        panic!("dispatcher never settled");
+    }
+
+    pub fn recv(&mut self, consumer: ConsumerId) -> Vec<Delivery> {
+        self.core
+            .borrow_mut()
+            .drain(self.now_ms, consumer, usize::MAX)
+    }
+
+    pub fn payloads(&mut self, consumer: ConsumerId) -> Vec<String> {
+        self.recv(consumer).iter().map(payload).collect()
+    }
+
+    pub fn ack(&mut self, consumer: ConsumerId, keys: &[EventKey]) -> Vec<TagResult> {
+        let tags: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes().as_slice()).collect();
+        self.core
+            .borrow_mut()
+            .ack(self.now_ms, consumer, &tags)
+            .unwrap()
+    }
+
+    pub fn nack(
+        &mut self,
+        consumer: ConsumerId,
+        keys: &[EventKey],
+        delay_ms: u64,
+    ) -> Vec<TagResult> {
+        let tags: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes().as_slice()).collect();
+        self.core
+            .borrow_mut()
+            .nack(self.now_ms, consumer, &tags, delay_ms)
+            .unwrap()
+    }
+
+    pub fn advance(&mut self, ms: u64) {
+        self.now_ms += ms;
+    }
+
+    /// Flushes every due delete batch.
+    pub fn flush_deletes(&mut self) -> usize {
+        let mut n = 0;
+        while block_on(drive::flush_deletes(&self.core, &self.store, self.now_ms)).unwrap() {
+            n += 1;
+        }
+        n
+    }
+
+    pub fn stored(&self, key: &EventKey) -> bool {
+        self.store.inner.get_now(key.as_bytes()).is_some()
+    }
+
+    pub fn event_keys_stored(&self) -> usize {
+        self.store
+            .inner
+            .scan_now(
+                key::EVENT_RANGE_START,
+                Some(key::EVENT_RANGE_END),
+                usize::MAX,
+            )
+            .len()
+    }
+}
+
+pub(super) fn payload(delivery: &Delivery) -> String {
+    String::from_utf8(delivery.value.message().unwrap().payload.to_vec()).unwrap()
+}
+
+fn keys(deliveries: &[Delivery]) -> Vec<EventKey> {
+    deliveries.iter().map(|d| d.key).collect()
+}
+
+#[test]
+fn grouped_consumers_get_each_message_exactly_once() {
+    let mut sim = Sim::new(config());
+    let a = sim.subscribe("orders", "workers");
+    let b = sim.subscribe("orders", "workers");
+    for i in 0..6 {
+        sim.publish("orders", &format!("m{i}"));
+    }
+    sim.settle();
+    let mut got = sim.payloads(a);
+    let from_b = sim.payloads(b);
+    assert_eq!(got.len(), 3, "round-robin splits evenly");
+    assert_eq!(from_b.len(), 3);
+    got.extend(from_b);
+    got.sort();
+    assert_eq!(got, vec!["m0", "m1", "m2", "m3", "m4", "m5"]);
+}
+
+#[test]
+fn universal_consumers_all_get_every_message() {
+    let mut sim = Sim::new(config());
+    let a = sim.subscribe("news", "");
+    let b = sim.subscribe("news", "");
+    sim.publish("news", "x");
+    sim.publish("news", "y");
+    sim.settle();
+    assert_eq!(sim.payloads(a), vec!["x", "y"]);
+    assert_eq!(sim.payloads(b), vec!["x", "y"]);
+}
+
+#[test]
+fn several_groups_each_get_one_copy() {
+    let mut sim = Sim::new(config());
+    let billing = [
+        sim.subscribe("orders", "billing"),
+        sim.subscribe("orders", "billing"),
+    ];
+    let shipping = sim.subscribe("orders", "shipping");
+    let listener = sim.subscribe("orders", "");
+    sim.publish("orders", "o1");
+    sim.settle();
+    let billing_got: Vec<String> = billing.iter().flat_map(|c| sim.payloads(*c)).collect();
+    assert_eq!(billing_got, vec!["o1"]);
+    assert_eq!(sim.payloads(shipping), vec!["o1"]);
+    assert_eq!(sim.payloads(listener), vec!["o1"]);
+}
+
+#[test]
+fn full_consumer_queue_is_skipped_and_the_copy_retried_later() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 2,
+        ..config()
+    });
+    let slow = sim.subscribe("jobs", "");
+    for i in 0..5 {
+        sim.publish("jobs", &format!("j{i}"));
+    }
+    sim.settle();
+    assert_eq!(
+        sim.core.borrow().consumer_info(slow).unwrap().2,
+        2,
+        "queue holds its bound, no more"
+    );
+    let first = sim.recv(slow);
+    assert_eq!(
+        first.iter().map(payload).collect::<Vec<_>>(),
+        vec!["j0", "j1"]
+    );
+    sim.ack(slow, &keys(&first));
+    sim.settle();
+    let second = sim.recv(slow);
+    assert_eq!(
+        second.iter().map(payload).collect::<Vec<_>>(),
+        vec!["j2", "j3"]
+    );
+    sim.ack(slow, &keys(&second));
+    sim.settle();
+    assert_eq!(sim.payloads(slow), vec!["j4"]);
+}
+
+#[test]
+fn a_full_group_member_is_skipped_and_counted() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 1,
+        ..config()
+    });
+    let a = sim.subscribe("jobs", "g");
+    let b = sim.subscribe("jobs", "g");
+    sim.publish("jobs", "j0");
+    sim.settle();
+    sim.publish("jobs", "j1");
+    sim.settle();
+    assert_eq!(sim.payloads(b), vec!["j1"]);
+    // The pointer is back at a, whose queue is still full: a is skipped and b takes j2.
+    sim.publish("jobs", "j2");
+    sim.settle();
+    assert_eq!(sim.payloads(b), vec!["j2"]);
+    assert_eq!(sim.payloads(a), vec!["j0"]);
+    assert_eq!(
+        sim.core.borrow().stats().counters.consumer_queue_full_total,
+        1
+    );
+}
+
+#[test]
+fn round_robin_rotates_per_group_independently() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 100,
+        ..config()
+    });
+    let g1 = [
+        sim.subscribe("t", "g1"),
+        sim.subscribe("t", "g1"),
+        sim.subscribe("t", "g1"),
+    ];
+    let g2 = [sim.subscribe("t", "g2"), sim.subscribe("t", "g2")];
+    for i in 0..6 {
+        sim.publish("t", &format!("{i}"));
+    }
+    sim.settle();
+    let g1_got: Vec<Vec<String>> = g1.iter().map(|c| sim.payloads(*c)).collect();
+    let g2_got: Vec<Vec<String>> = g2.iter().map(|c| sim.payloads(*c)).collect();
+    assert_eq!(g1_got, vec![vec!["0", "3"], vec!["1", "4"], vec!["2", "5"]]);
+    assert_eq!(g2_got, vec![vec!["0", "2", "4"], vec!["1", "3", "5"]]);
+}
+
+#[test]
+fn registering_a_consumer_wakes_the_dispatcher() {
+    let mut sim = Sim::new(config());
+    sim.publish("t", "waiting");
+    sim.settle();
+    assert!(
+        sim.core.borrow().next_wake_ms() > sim.now_ms,
+        "idle with no consumers"
+    );
+    let c = sim.subscribe("t", "g");
+    assert_eq!(
+        sim.core.borrow().next_wake_ms(),
+        sim.now_ms,
+        "a new consumer wakes it at once"
+    );
+    sim.settle();
+    assert_eq!(sim.payloads(c), vec!["waiting"]);
+}
+
+#[test]
+fn a_publish_to_a_served_topic_wakes_the_dispatcher() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    sim.settle();
+    assert!(sim.core.borrow().next_wake_ms() > sim.now_ms);
+    sim.publish("t", "now");
+    assert_eq!(sim.core.borrow().next_wake_ms(), sim.now_ms);
+    sim.settle();
+    assert_eq!(sim.payloads(c), vec!["now"]);
+}
+
+#[test]
+fn unregistering_the_last_consumer_stops_scanning_the_topic() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    sim.settle();
+    sim.core.borrow_mut().unsubscribe(sim.now_ms, c).unwrap();
+    sim.publish("t", "later");
+    sim.store.read.borrow_mut().clear();
+    sim.advance(1_000);
+    sim.settle();
+    assert!(
+        sim.store.read.borrow().is_empty(),
+        "a topic without consumers is never scanned"
+    );
+}
+
+#[test]
+fn in_flight_timeout_redelivers_to_another_consumer_of_the_group() {
+    let mut sim = Sim::new(config());
+    let a = sim.subscribe("t", "g");
+    let b = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    let to_a = sim.recv(a);
+    assert_eq!(keys(&to_a), vec![tag]);
+    sim.advance(999);
+    sim.settle();
+    assert!(sim.recv(b).is_empty(), "not before the timeout");
+    assert_eq!(
+        sim.core.borrow().next_wake_ms(),
+        sim.now_ms + 1,
+        "the lease expiry is a wake-up"
+    );
+    sim.advance(1);
+    sim.settle();
+    let to_b = sim.recv(b);
+    assert_eq!(keys(&to_b), vec![tag]);
+    assert_eq!(to_b[0].attempt, 2);
+    assert_eq!(
+        sim.ack(a, &[tag]),
+        vec![TagResult::NotHolder],
+        "the expired lease's holder may not ACK"
+    );
+    assert_eq!(sim.ack(b, &[tag]), vec![TagResult::Ok]);
+    assert_eq!(
+        sim.core
+            .borrow()
+            .stats()
+            .counters
+            .redeliveries_timeout_total,
+        1
+    );
+}
+
+#[test]
+fn nack_makes_the_copy_redeliverable_at_once() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    assert_eq!(keys(&sim.recv(c)), vec![tag]);
+    assert_eq!(sim.nack(c, &[tag], 0), vec![TagResult::Ok]);
+    assert_eq!(sim.core.borrow().next_wake_ms(), sim.now_ms);
+    sim.settle();
+    let again = sim.recv(c);
+    assert_eq!(keys(&again), vec![tag]);
+    assert_eq!(again[0].attempt, 2);
+}
+
+#[test]
+fn nack_with_delay_redelivers_after_the_delay() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    sim.recv(c);
+    sim.nack(c, &[tag], 300);
+    sim.advance(299);
+    sim.settle();
+    assert!(sim.recv(c).is_empty());
+    sim.advance(1);
+    sim.settle();
+    assert_eq!(keys(&sim.recv(c)), vec![tag]);
+}
+
+#[test]
+fn a_disconnect_releases_that_consumers_copies_at_once() {
+    let mut sim = Sim::new(config());
+    let a = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    assert_eq!(keys(&sim.recv(a)), vec![tag]);
+    let b = sim.subscribe("t", "g");
+    sim.core.borrow_mut().unsubscribe(sim.now_ms, a).unwrap();
+    sim.settle();
+    assert_eq!(keys(&sim.recv(b)), vec![tag], "no timeout wait");
+}
+
+#[test]
+fn a_group_whose_only_worker_left_keeps_its_claim_until_a_new_worker_comes() {
+    let mut sim = Sim::new(config());
+    let first = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    sim.recv(first);
+    sim.core
+        .borrow_mut()
+        .unsubscribe(sim.now_ms, first)
+        .unwrap();
+    sim.advance(60_000);
+    sim.settle();
+    sim.flush_deletes();
+    assert!(sim.stored(&tag));
+    let second = sim.subscribe("t", "g");
+    sim.settle();
+    assert_eq!(keys(&sim.recv(second)), vec![tag]);
+}
+
+#[test]
+fn a_universal_consumer_that_leaves_is_forgotten_and_holds_nothing_back() {
+    let mut sim = Sim::new(config());
+    let worker = sim.subscribe("t", "g");
+    let listener = sim.subscribe("t", "");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    sim.recv(listener);
+    let got = sim.recv(worker);
+    sim.ack(worker, &keys(&got));
+    sim.core
+        .borrow_mut()
+        .unsubscribe(sim.now_ms, listener)
+        .unwrap();
+    sim.advance(100);
+    sim.flush_deletes();
+    assert!(
+        !sim.stored(&tag),
+        "deleted once the only remaining recipient ACKed"
+    );
+}
+
+#[test]
+fn group_retention_forgets_an_abandoned_group_with_its_claims() {
+    let retention_ms = 5_000;
+    let mut sim = Sim::new(DeliveryConfig {
+        group_retention_ms: retention_ms,
+        ..config()
+    });
+    let worker = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    sim.recv(worker);
+    sim.core
+        .borrow_mut()
+        .unsubscribe(sim.now_ms, worker)
+        .unwrap();
+    sim.advance(retention_ms);
+    sim.settle();
+    sim.advance(100);
+    sim.flush_deletes();
+    assert!(!sim.stored(&tag));
+    assert_eq!(sim.core.borrow().stats().counters.groups_forgotten_total, 1);
+}
+
+#[test]
+fn forgetting_a_group_by_admin_call_releases_its_claims_at_once() {
+    let mut sim = Sim::new(config());
+    let worker = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    sim.recv(worker);
+    assert!(
+        sim.core
+            .borrow_mut()
+            .forget_group(sim.now_ms, "t", "g")
+            .is_err(),
+        "not while it has consumers"
+    );
+    sim.core
+        .borrow_mut()
+        .unsubscribe(sim.now_ms, worker)
+        .unwrap();
+    sim.core
+        .borrow_mut()
+        .forget_group(sim.now_ms, "t", "g")
+        .unwrap();
+    sim.advance(100);
+    sim.flush_deletes();
+    assert!(!sim.stored(&tag));
+}
+
+#[test]
+fn an_ack_from_a_consumer_that_does_not_hold_the_copy_is_refused_and_deletes_nothing() {
+    let mut sim = Sim::new(config());
+    let a = sim.subscribe("t", "g");
+    let b = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    let holder = if sim.recv(a).is_empty() { b } else { a };
+    let other = if holder == a { b } else { a };
+    assert_eq!(sim.ack(other, &[tag]), vec![TagResult::NotHolder]);
+    let unknown = EventKey::new(TopicHash::of("t"), 1, 999_999);
+    assert_eq!(sim.ack(holder, &[unknown]), vec![TagResult::UnknownTag]);
+    let malformed: &[u8] = &[1, 2, 3];
+    assert_eq!(
+        sim.core
+            .borrow_mut()
+            .ack(sim.now_ms, holder, &[malformed])
+            .unwrap(),
+        vec![TagResult::Malformed]
+    );
+    sim.advance(1_000);
+    sim.flush_deletes();
+    assert!(sim.stored(&tag));
+    assert_eq!(sim.core.borrow().stats().counters.acked_total, 0);
+}
+
+#[test]
+fn a_repeated_ack_deletes_nothing_twice() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    sim.recv(c);
+    assert_eq!(sim.ack(c, &[tag]), vec![TagResult::Ok]);
+    assert_eq!(sim.ack(c, &[tag]), vec![TagResult::AlreadyAcked]);
+    sim.advance(100);
+    assert_eq!(sim.flush_deletes(), 1);
+    assert_eq!(sim.core.borrow().stats().deleted_keys_total, 1);
+    assert_eq!(
+        sim.ack(c, &[tag]),
+        vec![TagResult::UnknownTag],
+        "gone after the delete is applied"
+    );
+}
+
+#[test]
+fn one_groups_ack_does_not_delete_another_groups_copy() {
+    let mut sim = Sim::new(config());
+    let billing = sim.subscribe("t", "billing");
+    let shipping = sim.subscribe("t", "shipping");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    sim.recv(billing);
+    sim.recv(shipping);
+    sim.ack(billing, &[tag]);
+    sim.advance(1_000);
+    sim.flush_deletes();
+    assert!(sim.stored(&tag), "shipping has not ACKed yet");
+    sim.ack(shipping, &[tag]);
+    sim.advance(100);
+    sim.flush_deletes();
+    assert!(!sim.stored(&tag));
+}
+
+#[test]
+fn a_ttl_expired_message_is_never_delivered_and_is_deleted() {
+    let mut sim = Sim::new(config());
+    let tag = sim.publish_with("t", "short", 0, 50);
+    sim.advance(50);
+    let c = sim.subscribe("t", "g");
+    sim.settle();
+    assert!(sim.recv(c).is_empty());
+    sim.advance(100);
+    sim.flush_deletes();
+    assert!(!sim.stored(&tag));
+    assert_eq!(
+        sim.core.borrow().stats().counters.expired_dispatcher_total,
+        1
+    );
+}
+
+#[test]
+fn a_message_that_expires_in_a_consumer_queue_is_not_handed_out() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    let tag = sim.publish_with("t", "short", 0, 10);
+    sim.settle();
+    sim.advance(10);
+    assert!(sim.recv(c).is_empty());
+    sim.advance(100);
+    sim.flush_deletes();
+    assert!(!sim.stored(&tag));
+}
+
+#[test]
+fn a_ttl_shorter_than_the_delay_is_never_delivered() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    let tag = sim.publish_with("t", "never", 500, 100);
+    for _ in 0..10 {
+        sim.advance(100);
+        sim.settle();
+        assert!(sim.recv(c).is_empty());
+    }
+    sim.flush_deletes();
+    assert!(!sim.stored(&tag));
+}
+
+#[test]
+fn a_delayed_message_is_delivered_at_its_due_time_not_before() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    let tag = sim.publish_with("t", "later", 1_234, 0);
+    sim.settle();
+    assert_eq!(
+        sim.core.borrow().next_wake_ms(),
+        sim.now_ms + 50,
+        "capped by the poll interval"
+    );
+    sim.advance(1_233);
+    sim.settle();
+    assert!(sim.recv(c).is_empty());
+    assert_eq!(
+        sim.core.borrow().next_wake_ms(),
+        sim.now_ms + 1,
+        "wakes exactly when it falls due"
+    );
+    sim.advance(1);
+    sim.settle();
+    assert_eq!(keys(&sim.recv(c)), vec![tag]);
+}
+
+#[test]
+fn future_buckets_are_never_read() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    for i in 0..50 {
+        sim.publish_with("t", &format!("{i}"), 10 + i * 100, 0);
+    }
+    for _ in 0..60 {
+        sim.advance(97);
+        sim.settle();
+        let now_bucket = sim.now_ms;
+        for raw in sim.store.read.borrow().iter() {
+            let key = EventKey::parse(raw).unwrap();
+            assert!(
+                key.due_bucket() <= now_bucket,
+                "read a key due later: {key:?}"
+            );
+        }
+        let got = sim.recv(c);
+        sim.ack(c, &keys(&got));
+    }
+    assert_eq!(
+        sim.store.read.borrow().len(),
+        50,
+        "each key read exactly once"
+    );
+}
+
+#[test]
+fn the_janitor_deletes_expired_messages_of_topics_without_consumers_and_skips_other_keys() {
+    let mut sim = Sim::new(config());
+    let expired = sim.publish_with("nobody", "old", 0, 10);
+    let alive = sim.publish_with("nobody", "young", 0, 0);
+    let mut junk = WriteBatch::new();
+    let mut not_a_message = EventKey::new(TopicHash(5), 0, 0).to_key();
+    not_a_message.truncate(24);
+    junk.put(
+        not_a_message.clone(),
+        Value::copy_from_slice(b"garbage bytes"),
+    );
+    sim.store.inner.apply(junk);
+    sim.advance(10_000);
+    let swept = block_on(drive::sweep(&sim.core, &sim.store, sim.now_ms, || async {})).unwrap();
+    assert!(swept);
+    sim.advance(100);
+    sim.flush_deletes();
+    assert!(!sim.stored(&expired));
+    assert!(sim.stored(&alive));
+    assert!(
+        sim.store.inner.get_now(&not_a_message).is_some(),
+        "unreadable values are left alone"
+    );
+    assert!(sim
+        .store
+        .inner
+        .get_now(&key::meta::key(key::meta::EVENT_ID_HIGH_WATER))
+        .is_some());
+    assert_eq!(sim.core.borrow().stats().counters.expired_janitor_total, 1);
+}
+
+#[test]
+fn the_janitor_pages_through_a_large_store() {
+    let mut sim = Sim::new(config());
+    let mut expired = Vec::new();
+    for i in 0..3_000 {
+        expired.push(sim.publish_with(&format!("topic-{}", i % 7), "x", 0, 5));
+    }
+    sim.advance(10_000);
+    let mut pages = 0;
+    block_on(drive::sweep(&sim.core, &sim.store, sim.now_ms, || {
+        pages += 1;
+        async {}
+    }))
+    .unwrap();
+    assert!(pages >= 2, "swept in bounded pages");
+    for _ in 0..10 {
+        sim.advance(100);
+        sim.flush_deletes();
+    }
+    assert_eq!(sim.event_keys_stored(), 0);
+}
+
+#[test]
+fn failed_delete_flushes_are_retried_and_counted() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    sim.recv(c);
+    sim.ack(c, &[tag]);
+    sim.advance(100);
+    *sim.store.fail_writes.borrow_mut() = true;
+    assert!(block_on(drive::flush_deletes(&sim.core, &sim.store, sim.now_ms)).is_err());
+    assert_eq!(sim.core.borrow().stats().delete_failures_total, 1);
+    *sim.store.fail_writes.borrow_mut() = false;
+    sim.advance(100);
+    sim.flush_deletes();
+    assert!(!sim.stored(&tag));
+    assert_eq!(
+        sim.core.borrow().stats().in_flight,
+        0,
+        "in-flight entry removed after the flush"
+    );
+}
+
+#[test]
+fn a_bad_message_rejects_the_whole_batch_and_writes_nothing() {
+    let sim = Sim::new(config());
+    let good = PublishMessage::new("t", b"ok");
+    type Expect = fn(&PublishError) -> bool;
+    let cases: Vec<(PublishMessage, Expect)> = vec![
+        (PublishMessage::new("", b"x"), |e| {
+            matches!(e, PublishError::Topic { index: 1, .. })
+        }),
+        (
+            PublishMessage {
+                delay_ms: -1,
+                ..good.clone()
+            },
+            |e| matches!(e, PublishError::NegativeDelay { .. }),
+        ),
+        (
+            PublishMessage {
+                ttl_ms: -5,
+                ..good.clone()
+            },
+            |e| matches!(e, PublishError::NegativeTtl { .. }),
+        ),
+        (PublishMessage::new("t", &vec![0; (1 << 20) + 1]), |e| {
+            matches!(e, PublishError::PayloadTooLarge { .. })
+        }),
+        (PublishMessage::new(&"x".repeat(256), b"x"), |e| {
+            matches!(e, PublishError::Topic { .. })
+        }),
+    ];
+    for (bad, expected) in cases {
+        let result = block_on(drive::publish(
+            &sim.core,
+            &sim.store,
+            sim.now_ms,
+            &[good.clone(), bad],
+            AckLevel::Durable,
+        ));
+        match result {
+            Err(drive::PublishFailure::Rejected(e)) => {
+                assert!(expected(&e), "unexpected error {e}")
+            }
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+    assert!(sim.store.inner.is_empty());
+}
+
+#[test]
+fn a_weaker_ack_level_than_the_floor_is_rejected() {
+    let mut core = ShardCore::new(
+        config(),
+        PublishConfig {
+            ack_level_min: AckLevel::Durable,
+            ..PublishConfig::default()
+        },
+        0,
+    );
+    let result = core.prepare_publish(0, &[PublishMessage::new("t", b"x")], AckLevel::Leader);
+    assert!(matches!(result, Err(PublishError::AckLevelTooWeak { .. })));
+}
+
+#[test]
+fn event_ids_continue_after_a_restart() {
+    let mut sim = Sim::new(config());
+    let before = sim.publish("t", "a");
+    let store = std::mem::take(&mut sim.store);
+    let mut restarted = Sim::new(config());
+    restarted.store = store;
+    block_on(drive::recover(&restarted.core, &restarted.store)).unwrap();
+    let after = restarted.publish("t", "b");
+    assert!(after.event_id() > before.event_id());
+}
+
+#[test]
+fn two_topics_with_the_same_hash_never_see_each_others_messages() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("mine", "g");
+    // Forge a message of another topic under this topic's hash, as a collision would store it.
+    let stored = StoredMessage {
+        topic: "theirs".into(),
+        payload: b"not for you".to_vec(),
+        enqueued_at_ms: sim.now_ms,
+        delay_ms: 0,
+        ttl_ms: 0,
+        headers: vec![],
+    };
+    let mut batch = WriteBatch::new();
+    batch.put(
+        EventKey::new(TopicHash::of("mine"), 0, 1).to_key(),
+        Value::encode(&stored).unwrap(),
+    );
+    sim.store.inner.apply(batch);
+    sim.publish("mine", "yours");
+    sim.settle();
+    assert_eq!(sim.payloads(c), vec!["yours"]);
+}
+
+#[test]
+fn a_publish_not_yet_stored_is_not_skipped_by_a_pass() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    // A durable batch gets its keys, then a faster batch is stored and scanned before it lands.
+    let slow = sim
+        .core
+        .borrow_mut()
+        .prepare_publish(
+            sim.now_ms,
+            &[PublishMessage::new("t", b"slow")],
+            AckLevel::Durable,
+        )
+        .unwrap();
+    sim.publish("t", "fast");
+    sim.settle();
+    sim.store.inner.apply(slow.to_write_batch());
+    sim.core.borrow_mut().on_publish_applied(&slow);
+    sim.settle();
+    let mut got = sim.payloads(c);
+    got.sort();
+    assert_eq!(got, vec!["fast", "slow"]);
+}
+
+#[test]
+fn in_flight_entries_are_bounded_by_consumer_capacity() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 8,
+        unacked_per_consumer_max: 16,
+        ..config()
+    });
+    let c = sim.subscribe("t", "g");
+    for i in 0..100 {
+        sim.publish("t", &format!("{i}"));
+    }
+    sim.settle();
+    sim.recv(c);
+    sim.settle();
+    sim.recv(c);
+    sim.settle();
+    assert_eq!(
+        sim.core.borrow().stats().in_flight,
+        16,
+        "prefetch limit holds"
+    );
+}
