@@ -1,1 +1,45 @@
-//! (being built)
+//! The io_uring LSM log: one storage engine per shard, on glommio DMA files (O_DIRECT).
+//!
+//! Owns everything a shard keeps on disk: the write-ahead log ([`wal`]), the in-memory write
+//! buffer ([`memtable`]), immutable sorted tables ([`table`]), the list of live files
+//! ([`manifest`]), the compaction policy ([`compaction`]), crash recovery ([`recovery`]) and the
+//! glommio shell that ties them together ([`engine`], [`LsmStore`]). The shard's shell opens one
+//! [`LsmStore`] on its own executor and uses it through [`crate::store::Store`]; nothing else in
+//! pinq touches these files.
+//!
+//! Shaped for a queue's workload (DESIGN-NOTES §4): keys are written once and mostly deleted
+//! seconds later, so a delete that meets its put in the active memtable annihilates it and a
+//! message published and ACKed within one memtable never reaches a table. Metadata keys
+//! (`0xFF…`) are overwritten repeatedly, so the engine stays a correct general key-value store:
+//! a delete only annihilates when no older source can hold the key.
+//!
+//! Layering: the codecs (WAL records, blocks, table metadata, manifest) and the compaction policy
+//! are pure and tested without I/O; [`io`] is the only place that talks to glommio files.
+//! Nothing in this module may read the wall clock inside a pure part: time comes from a
+//! [`engine::Clock`]. Nothing here may block the shard's thread on I/O after [`LsmStore::open`]
+//! returns (recovery may, once, before the shard serves).
+
+pub mod io;
+pub(crate) mod signal;
+pub mod wal;
+
+use crate::store::StoreError;
+
+/// Name of the marker file every data directory keeps (see [`io::probe_disk`]).
+pub const MARKER_FILE: &str = "PINQ_STORAGE";
+
+/// Builds an I/O error naming the file it happened on.
+pub(crate) fn io_error(path: &std::path::Path, source: std::io::Error) -> StoreError {
+    StoreError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Builds a corruption error naming the file it was found in.
+pub(crate) fn corrupt(path: &std::path::Path, what: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        file: path.display().to_string(),
+        what: what.into(),
+    }
+}

@@ -1,0 +1,265 @@
+//! The only place the storage engine touches glommio files: DMA open/read/write helpers, the
+//! polled-I/O probe fix, and directory sync.
+//!
+//! Why DMA (O_DIRECT through io_uring): the WAL's group commit must control exactly when bytes
+//! reach the device, and a shard must never stall on the page cache's writeback. The price is
+//! alignment: every write here is a multiple of [`WRITE_ALIGN`] at an aligned offset, padded with
+//! zeros, and files are truncated to their logical length when sealed.
+//!
+//! Two glommio traps are handled here (see `notes/dependencies.md`): the first DMA file an
+//! executor opens on a disk decides whether reads go to the polling ring, and if that file is
+//! new and empty the probe "succeeds" and every later read fails with EOPNOTSUPP — so
+//! [`probe_disk`] opens an existing non-empty marker file first; and `DmaFile::create` opens
+//! write-only, so [`open_rw`] is used instead.
+//!
+//! Called by the WAL, table, manifest and recovery shells. Must never be used from a pure codec.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use glommio::io::{DmaBuffer, DmaFile, OpenOptions, ReadResult};
+
+use super::{corrupt, io_error, MARKER_FILE};
+use crate::store::StoreError;
+
+/// Alignment and padding unit of every DMA write: the device's physical block size here, so a
+/// write never shares a physical block with bytes written (and acknowledged) earlier.
+pub const WRITE_ALIGN: usize = 4096;
+
+/// Bytes of the marker file; must be at least the device's logical block size for the probe.
+const MARKER_BYTES: usize = 4096;
+
+/// Rounds up to the next multiple of [`WRITE_ALIGN`].
+pub fn align_up(n: usize) -> usize {
+    n.div_ceil(WRITE_ALIGN) * WRITE_ALIGN
+}
+
+fn gerr(path: &Path, e: glommio::GlommioError<()>) -> StoreError {
+    io_error(path, e.into())
+}
+
+/// Makes DMA reads work on this disk for the current executor (glommio issue #605).
+///
+/// Creates the marker file with std I/O if it is missing, then opens it with `DmaFile::open`
+/// before any new DMA file is created, so glommio's polled-I/O probe reads real bytes and
+/// correctly concludes the device cannot be polled. Call once per executor per data directory,
+/// before anything else. The marker also tells a pinq data directory from an unrelated one.
+pub async fn probe_disk(dir: &Path) -> Result<(), StoreError> {
+    let marker = dir.join(MARKER_FILE);
+    let needs_marker = match std::fs::metadata(&marker) {
+        Ok(meta) => meta.len() < MARKER_BYTES as u64,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(io_error(&marker, e)),
+    };
+    if needs_marker {
+        let mut body = b"pinq storage directory, format 1\n".to_vec();
+        body.resize(MARKER_BYTES, b'\n');
+        let mut file = std::fs::File::create(&marker).map_err(|e| io_error(&marker, e))?;
+        file.write_all(&body).map_err(|e| io_error(&marker, e))?;
+        file.sync_all().map_err(|e| io_error(&marker, e))?;
+        sync_dir_blocking(dir)?;
+    }
+    let file = DmaFile::open(&marker).await.map_err(|e| gerr(&marker, e))?;
+    file.close().await.map_err(|e| gerr(&marker, e))?;
+    Ok(())
+}
+
+/// Opens (creating if needed) a file for DMA reads and writes. Never `DmaFile::create`: it opens
+/// write-only and reads then fail with EBADF.
+pub async fn open_rw(path: &Path, truncate: bool) -> Result<DmaFile, StoreError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(truncate)
+        .dma_open(path)
+        .await
+        .map_err(|e| gerr(path, e))
+}
+
+/// Opens an existing file for DMA reads.
+pub async fn open_read(path: &Path) -> Result<DmaFile, StoreError> {
+    OpenOptions::new()
+        .read(true)
+        .dma_open(path)
+        .await
+        .map_err(|e| gerr(path, e))
+}
+
+/// Reads exactly `len` bytes at `pos`; a short read means the file is shorter than its own
+/// metadata says, which is corruption.
+pub async fn read_exact_at(
+    file: &DmaFile,
+    path: &Path,
+    pos: u64,
+    len: usize,
+) -> Result<ReadResult, StoreError> {
+    let read = file.read_at(pos, len).await.map_err(|e| gerr(path, e))?;
+    if read.len() != len {
+        return Err(corrupt(
+            path,
+            format!("short read: {} of {len} bytes at offset {pos}", read.len()),
+        ));
+    }
+    Ok(read)
+}
+
+/// Size of an open file.
+pub async fn file_size(file: &DmaFile, path: &Path) -> Result<u64, StoreError> {
+    file.file_size().await.map_err(|e| gerr(path, e))
+}
+
+/// Writes `bytes` at the aligned offset `pos`, zero-padded to [`WRITE_ALIGN`]. Returns the padded
+/// length written.
+pub async fn write_padded(
+    file: &DmaFile,
+    path: &Path,
+    pos: u64,
+    bytes: &[u8],
+) -> Result<usize, StoreError> {
+    debug_assert_eq!(pos % WRITE_ALIGN as u64, 0, "unaligned DMA write position");
+    let padded = align_up(bytes.len().max(1));
+    let mut buf: DmaBuffer = file.alloc_dma_buffer(padded);
+    let dst = buf.as_bytes_mut();
+    dst[..bytes.len()].copy_from_slice(bytes);
+    dst[bytes.len()..].fill(0);
+    let written = file.write_at(buf, pos).await.map_err(|e| gerr(path, e))?;
+    if written != padded {
+        return Err(io_error(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                format!("short write: {written} of {padded} bytes at offset {pos}"),
+            ),
+        ));
+    }
+    Ok(padded)
+}
+
+/// fdatasync of one file.
+pub async fn fdatasync(file: &DmaFile, path: &Path) -> Result<(), StoreError> {
+    file.fdatasync().await.map_err(|e| gerr(path, e))
+}
+
+/// Closes a file, reporting errors with its path.
+pub async fn close(file: DmaFile, path: &Path) -> Result<(), StoreError> {
+    file.close().await.map_err(|e| gerr(path, e))
+}
+
+/// fsyncs a directory so that creations, renames and removals in it are durable.
+pub async fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    let handle = glommio::io::Directory::open(dir)
+        .await
+        .map_err(|e| gerr(dir, e))?;
+    handle.sync().await.map_err(|e| gerr(dir, e))?;
+    handle.close().await.map_err(|e| gerr(dir, e))
+}
+
+/// Blocking directory fsync, for recovery before the shard serves.
+pub fn sync_dir_blocking(dir: &Path) -> Result<(), StoreError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error(dir, e))
+}
+
+/// Renames a file (not durable until the directory is synced).
+pub async fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
+    glommio::io::rename(from, to)
+        .await
+        .map_err(|e| gerr(from, e))
+}
+
+/// Removes a file; a file already gone is not an error.
+pub async fn remove(path: &Path) -> Result<(), StoreError> {
+    match glommio::io::remove(path).await {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let e: std::io::Error = e.into();
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(io_error(path, e))
+            }
+        }
+    }
+}
+
+/// Streams bytes into a new file with aligned DMA writes of `chunk_bytes`, then seals it:
+/// pads the last chunk, truncates to the logical length, fdatasyncs and closes.
+pub struct DmaWriter {
+    file: DmaFile,
+    path: PathBuf,
+    chunk: Vec<u8>,
+    chunk_bytes: usize,
+    /// File offset where `chunk` starts (always aligned).
+    chunk_pos: u64,
+}
+
+impl DmaWriter {
+    /// Creates (truncating) `path`. `chunk_bytes` is rounded up to [`WRITE_ALIGN`].
+    pub async fn create(path: &Path, chunk_bytes: usize) -> Result<DmaWriter, StoreError> {
+        let file = open_rw(path, true).await?;
+        let chunk_bytes = align_up(chunk_bytes.max(WRITE_ALIGN));
+        Ok(DmaWriter {
+            file,
+            path: path.to_path_buf(),
+            chunk: Vec::with_capacity(chunk_bytes),
+            chunk_bytes,
+            chunk_pos: 0,
+        })
+    }
+
+    /// Logical bytes appended so far.
+    pub fn len(&self) -> u64 {
+        self.chunk_pos + self.chunk.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends bytes, writing out every full chunk.
+    pub async fn append(&mut self, mut bytes: &[u8]) -> Result<(), StoreError> {
+        while !bytes.is_empty() {
+            let room = self.chunk_bytes - self.chunk.len();
+            let take = room.min(bytes.len());
+            self.chunk.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.chunk.len() == self.chunk_bytes {
+                let written =
+                    write_padded(&self.file, &self.path, self.chunk_pos, &self.chunk).await?;
+                self.chunk_pos += written as u64;
+                self.chunk.clear();
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the tail, truncates to the logical length, fdatasyncs and closes. Returns the
+    /// file's length. The file is durable, but its directory entry is not until the directory
+    /// is synced (the manifest commit does that).
+    pub async fn finish(mut self) -> Result<u64, StoreError> {
+        let len = self.len();
+        if !self.chunk.is_empty() {
+            write_padded(&self.file, &self.path, self.chunk_pos, &self.chunk).await?;
+            self.chunk.clear();
+        }
+        self.file
+            .truncate(len)
+            .await
+            .map_err(|e| gerr(&self.path, e))?;
+        fdatasync(&self.file, &self.path).await?;
+        close(self.file, &self.path).await?;
+        Ok(len)
+    }
+
+    /// Abandons the file: closes and removes it.
+    pub async fn abandon(self) {
+        let _ = self.file.close().await;
+        let _ = remove(&self.path).await;
+    }
+}

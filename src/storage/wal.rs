@@ -1,0 +1,865 @@
+//! The write-ahead log: record codec (pure) and the group-commit writer (glommio shell).
+//!
+//! Owns the segment files `wal-<first seq>.log` of one shard. Every [`WriteBatch`] becomes one
+//! record, so a batch is recovered whole or not at all:
+//!
+//! ```text
+//! record = len u32 LE | crc32c u32 LE | seq u64 LE | payload[len]
+//! crc    = crc32c(len bytes ‖ seq bytes ‖ payload)
+//! payload = op_count u32 | op*      op = 1 u8 | key_len u16 | key | val_len u32 | value   (put)
+//!                                        2 u8 | key_len u16 | key                         (delete)
+//! ```
+//!
+//! Sequence numbers are consecutive across segments: recovery applies a record only if it is
+//! exactly the next one, so nothing after a lost or torn record is ever applied. Each group-commit
+//! write is zero-padded to [`WRITE_ALIGN`] and never rewritten, so a torn write can only damage
+//! records that were never acknowledged; a zero header means "padding, skip to the next aligned
+//! block".
+//!
+//! Group commit: [`Wal::append`] encodes a record into the pending buffer at once (no I/O) and
+//! wakes the writer task; while the writer's write + fdatasync is in flight, later records pile up
+//! and share its next write and fdatasync. A `Durable` write waits in [`Wal::wait_durable`] for
+//! the fdatasync that covers its sequence number. The writer never reorders records and fsyncs a
+//! segment before it writes the next one.
+//!
+//! Called by the engine (append, roll, release) and by recovery (decode, replay). The codec never
+//! does I/O; the writer never decodes. After an I/O error the WAL is failed for good: every later
+//! append and wait returns the error, because the memtable may already hold what the disk lost.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use glommio::io::DmaFile;
+
+use super::io::{self as dio, WRITE_ALIGN};
+use super::io_error;
+use super::signal::Signal;
+use crate::key::Key;
+use crate::message::Value;
+use crate::store::{StoreError, WriteBatch, WriteOp};
+
+/// Bytes of a record header: `len u32 | crc u32 | seq u64`.
+pub const RECORD_HEADER_BYTES: usize = 16;
+/// Largest record payload accepted (one batch).
+pub const RECORD_PAYLOAD_MAX: usize = 1 << 30;
+/// Largest key the log (and the tables) can frame.
+pub const KEY_BYTES_MAX: usize = u16::MAX as usize;
+
+const OP_PUT: u8 = 1;
+const OP_DELETE: u8 = 2;
+
+/// Why bytes are not a valid record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("record truncated: needs {need} bytes, {have} present")]
+    Truncated { need: usize, have: usize },
+    #[error("record length {len} is out of range")]
+    BadLength { len: u32 },
+    #[error("record checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("padding holds non-zero bytes at offset {offset}")]
+    DirtyPadding { offset: usize },
+    #[error("batch payload malformed: {what}")]
+    BadPayload { what: &'static str },
+}
+
+/// Why a batch cannot be framed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    #[error("key of {len} bytes exceeds the limit of {KEY_BYTES_MAX}")]
+    KeyTooLong { len: usize },
+    #[error("batch of {len} bytes exceeds the record limit of {RECORD_PAYLOAD_MAX}")]
+    BatchTooLarge { len: usize },
+}
+
+/// Encoded size of a batch's payload.
+pub fn payload_len(batch: &WriteBatch) -> usize {
+    4 + batch
+        .ops
+        .iter()
+        .map(|op| match op {
+            WriteOp::Put(key, value) => 1 + 2 + key.len() + 4 + value.len(),
+            WriteOp::Delete(key) => 1 + 2 + key.len(),
+        })
+        .sum::<usize>()
+}
+
+/// Checks that a batch can be framed (key and record sizes).
+pub fn check_batch(batch: &WriteBatch) -> Result<usize, EncodeError> {
+    for op in &batch.ops {
+        if op.key().len() > KEY_BYTES_MAX {
+            return Err(EncodeError::KeyTooLong {
+                len: op.key().len(),
+            });
+        }
+    }
+    let len = payload_len(batch);
+    if len > RECORD_PAYLOAD_MAX {
+        return Err(EncodeError::BatchTooLarge { len });
+    }
+    Ok(len)
+}
+
+/// Appends one framed record for `batch` to `out`. Returns the bytes appended.
+pub fn encode_record(
+    seq: u64,
+    batch: &WriteBatch,
+    out: &mut Vec<u8>,
+) -> Result<usize, EncodeError> {
+    let len = check_batch(batch)?;
+    let start = out.len();
+    out.reserve(RECORD_HEADER_BYTES + len);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    out.extend_from_slice(&[0u8; 4]);
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&(batch.ops.len() as u32).to_le_bytes());
+    for op in &batch.ops {
+        match op {
+            WriteOp::Put(key, value) => {
+                out.push(OP_PUT);
+                out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+                out.extend_from_slice(key);
+                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                out.extend_from_slice(value.as_bytes());
+            }
+            WriteOp::Delete(key) => {
+                out.push(OP_DELETE);
+                out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+                out.extend_from_slice(key);
+            }
+        }
+    }
+    debug_assert_eq!(out.len() - start, RECORD_HEADER_BYTES + len);
+    let crc = record_crc(&out[start..start + 4], &out[start + 8..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    Ok(out.len() - start)
+}
+
+fn record_crc(len_bytes: &[u8], seq_and_payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(len_bytes), seq_and_payload)
+}
+
+/// One decoded record, borrowing its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record<'a> {
+    pub seq: u64,
+    pub payload: &'a [u8],
+}
+
+/// What sits at a position of a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frame<'a> {
+    /// A valid record and the bytes it spans.
+    Record(Record<'a>, usize),
+    /// A zero header: the rest of this aligned block is padding.
+    Padding,
+}
+
+/// Decodes the frame at the start of `buf`.
+pub fn decode_frame(buf: &[u8]) -> Result<Frame<'_>, DecodeError> {
+    if buf.len() < RECORD_HEADER_BYTES {
+        return Err(DecodeError::Truncated {
+            need: RECORD_HEADER_BYTES,
+            have: buf.len(),
+        });
+    }
+    let header = &buf[..RECORD_HEADER_BYTES];
+    if header.iter().all(|&b| b == 0) {
+        return Ok(Frame::Padding);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    if len < 4 || len as usize > RECORD_PAYLOAD_MAX {
+        return Err(DecodeError::BadLength { len });
+    }
+    let total = RECORD_HEADER_BYTES + len as usize;
+    if buf.len() < total {
+        return Err(DecodeError::Truncated {
+            need: total,
+            have: buf.len(),
+        });
+    }
+    let stored = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    let computed = record_crc(&buf[0..4], &buf[8..total]);
+    if stored != computed {
+        return Err(DecodeError::Checksum { stored, computed });
+    }
+    let mut seq = [0u8; 8];
+    seq.copy_from_slice(&buf[8..16]);
+    Ok(Frame::Record(
+        Record {
+            seq: u64::from_le_bytes(seq),
+            payload: &buf[RECORD_HEADER_BYTES..total],
+        },
+        total,
+    ))
+}
+
+/// A cursor over a payload that refuses to read past its end.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError::BadPayload { what });
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+/// Decodes a record payload back into its batch (values are copied into aligned buffers).
+pub fn decode_batch(payload: &[u8]) -> Result<WriteBatch, DecodeError> {
+    let mut r = Reader { buf: payload };
+    let count = r.u32("op count")? as usize;
+    // Each op takes at least 3 bytes: refuse counts the payload cannot hold before allocating.
+    if count > r.buf.len() / 3 {
+        return Err(DecodeError::BadPayload {
+            what: "op count exceeds payload",
+        });
+    }
+    let mut batch = WriteBatch {
+        ops: Vec::with_capacity(count),
+    };
+    for _ in 0..count {
+        let kind = r.u8("op kind")?;
+        let key_len = r.u16("key length")? as usize;
+        let key = Key::from_slice(r.take(key_len, "key bytes")?);
+        match kind {
+            OP_PUT => {
+                let val_len = r.u32("value length")? as usize;
+                let value = Value::copy_from_slice(r.take(val_len, "value bytes")?);
+                batch.ops.push(WriteOp::Put(key, value));
+            }
+            OP_DELETE => batch.ops.push(WriteOp::Delete(key)),
+            _ => return Err(DecodeError::BadPayload { what: "op kind" }),
+        }
+    }
+    if !r.buf.is_empty() {
+        return Err(DecodeError::BadPayload {
+            what: "trailing bytes after the last op",
+        });
+    }
+    Ok(batch)
+}
+
+/// How a segment scan ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScanEnd {
+    /// The segment ends with padding or exactly after a record.
+    Clean,
+    /// Bytes at `offset` are not a valid record: a torn or corrupt tail starts there.
+    Torn { offset: usize, reason: DecodeError },
+}
+
+/// Walks the records of one segment's bytes, skipping padding. Pure.
+pub struct SegmentReader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    end: Option<ScanEnd>,
+}
+
+impl<'a> SegmentReader<'a> {
+    pub fn new(bytes: &'a [u8]) -> SegmentReader<'a> {
+        SegmentReader {
+            bytes,
+            pos: 0,
+            end: None,
+        }
+    }
+
+    /// How the scan ended (after `next_record` returned `None`).
+    pub fn end(&self) -> Option<&ScanEnd> {
+        self.end.as_ref()
+    }
+
+    /// Offset just past the last valid record or padding.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// The next record and its offset, or `None` at the end (see [`SegmentReader::end`]).
+    pub fn next_record(&mut self) -> Option<(usize, Record<'a>)> {
+        if self.end.is_some() {
+            return None;
+        }
+        loop {
+            let rest = &self.bytes[self.pos..];
+            if rest.is_empty() {
+                self.end = Some(ScanEnd::Clean);
+                return None;
+            }
+            match decode_frame(rest) {
+                Ok(Frame::Record(record, len)) => {
+                    let at = self.pos;
+                    self.pos += len;
+                    return Some((at, record));
+                }
+                Ok(Frame::Padding) => {
+                    let next = (self.pos / WRITE_ALIGN + 1) * WRITE_ALIGN;
+                    let stop = next.min(self.bytes.len());
+                    if let Some(dirty) = self.bytes[self.pos..stop].iter().position(|&b| b != 0) {
+                        self.end = Some(ScanEnd::Torn {
+                            offset: self.pos,
+                            reason: DecodeError::DirtyPadding {
+                                offset: self.pos + dirty,
+                            },
+                        });
+                        return None;
+                    }
+                    self.pos = stop;
+                }
+                Err(DecodeError::Truncated { .. }) if rest.iter().all(|&b| b == 0) => {
+                    self.pos = self.bytes.len();
+                    self.end = Some(ScanEnd::Clean);
+                    return None;
+                }
+                Err(reason) => {
+                    self.end = Some(ScanEnd::Torn {
+                        offset: self.pos,
+                        reason,
+                    });
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// File name of the segment whose first record has sequence number `first_seq`.
+pub fn segment_name(first_seq: u64) -> String {
+    format!("wal-{first_seq:020}.log")
+}
+
+/// Parses a segment file name back into its first sequence number.
+pub fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("wal-")?.strip_suffix(".log")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The writer (glommio shell).
+
+/// Records appended but not yet handed to the writer, all for one segment.
+struct Chunk {
+    segment_first_seq: u64,
+    bytes: Vec<u8>,
+    last_seq: u64,
+}
+
+/// A chunk is cut at this size so one DMA buffer stays small.
+const CHUNK_BYTES_MAX: usize = 1 << 20;
+
+/// A live segment (its records are not all in tables yet).
+#[derive(Debug, Clone)]
+pub struct SegmentMeta {
+    pub first_seq: u64,
+    pub path: PathBuf,
+    /// Record bytes appended to it (before padding).
+    pub bytes: u64,
+}
+
+/// Counters of the log, read by the engine's stats.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WalCounters {
+    pub records: u64,
+    pub record_bytes: u64,
+    /// Bytes written to the device, padding included.
+    pub bytes_written: u64,
+    pub writes: u64,
+    pub fsyncs: u64,
+}
+
+struct WalState {
+    next_seq: u64,
+    synced_seq: u64,
+    pending: VecDeque<Chunk>,
+    segments: VecDeque<SegmentMeta>,
+    roll_requested: bool,
+    failed: Option<(String, std::io::ErrorKind, String)>,
+    shutdown: bool,
+    writer_running: bool,
+    counters: WalCounters,
+}
+
+/// The log of one shard. Single-threaded: lives on the shard's executor behind an `Rc`.
+pub struct Wal {
+    dir: PathBuf,
+    segment_bytes_max: u64,
+    state: RefCell<WalState>,
+    /// Wakes the writer: records were appended, or shutdown was requested.
+    appended: Signal,
+    /// Wakes durable waiters: `synced_seq` moved, or the log failed.
+    synced: Signal,
+    writer_idle: Cell<bool>,
+}
+
+impl Wal {
+    /// A log whose next record is `next_seq`. `live` are recovered segments still needed (their
+    /// files are never appended to again); the first append starts a new segment.
+    pub fn new(dir: &Path, next_seq: u64, live: Vec<SegmentMeta>, segment_bytes_max: u64) -> Wal {
+        Wal {
+            dir: dir.to_path_buf(),
+            segment_bytes_max: segment_bytes_max.max(WRITE_ALIGN as u64),
+            state: RefCell::new(WalState {
+                next_seq,
+                synced_seq: next_seq.saturating_sub(1),
+                pending: VecDeque::new(),
+                segments: live.into(),
+                roll_requested: true,
+                failed: None,
+                shutdown: false,
+                writer_running: false,
+                counters: WalCounters::default(),
+            }),
+            appended: Signal::default(),
+            synced: Signal::default(),
+            writer_idle: Cell::new(true),
+        }
+    }
+
+    /// Starts the writer task on the current task queue (the foreground: commits are latency).
+    pub fn start(self: &Rc<Self>) {
+        let mut st = self.state.borrow_mut();
+        if st.writer_running {
+            return;
+        }
+        st.writer_running = true;
+        drop(st);
+        let wal = Rc::clone(self);
+        glommio::spawn_local(async move { wal.run_writer().await }).detach();
+    }
+
+    fn failure(&self) -> Option<StoreError> {
+        self.state
+            .borrow()
+            .failed
+            .as_ref()
+            .map(|(path, kind, msg)| StoreError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(*kind, msg.clone()),
+            })
+    }
+
+    /// Fails if the log has failed or is shut down.
+    pub fn check(&self) -> Result<(), StoreError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        if self.state.borrow().shutdown {
+            return Err(StoreError::Closed);
+        }
+        Ok(())
+    }
+
+    /// Encodes `batch` as the next record and queues it for the writer. No I/O, no await: the
+    /// caller applies the batch to the memtable right after, in the same order.
+    pub fn append(&self, batch: &WriteBatch) -> Result<u64, StoreError> {
+        self.check()?;
+        let mut st = self.state.borrow_mut();
+        let seq = st.next_seq;
+        let need_roll = st.roll_requested
+            || st
+                .segments
+                .back()
+                .is_none_or(|s| s.bytes >= self.segment_bytes_max);
+        if need_roll {
+            st.roll_requested = false;
+            st.segments.push_back(SegmentMeta {
+                first_seq: seq,
+                path: self.dir.join(segment_name(seq)),
+                bytes: 0,
+            });
+        }
+        let segment_first_seq = st.segments.back().map_or(seq, |s| s.first_seq);
+        let start_chunk = match st.pending.back() {
+            Some(c) => c.segment_first_seq != segment_first_seq || c.bytes.len() >= CHUNK_BYTES_MAX,
+            None => true,
+        };
+        if start_chunk {
+            st.pending.push_back(Chunk {
+                segment_first_seq,
+                bytes: Vec::with_capacity(64 * 1024),
+                last_seq: seq,
+            });
+        }
+        let chunk = st
+            .pending
+            .back_mut()
+            .ok_or_else(|| io_error(&self.dir, std::io::Error::other("no pending chunk")))?;
+        let len = encode_record(seq, batch, &mut chunk.bytes).map_err(|e| {
+            io_error(
+                &self.dir,
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
+            )
+        })?;
+        chunk.last_seq = seq;
+        st.next_seq = seq + 1;
+        st.counters.records += 1;
+        st.counters.record_bytes += len as u64;
+        if let Some(seg) = st.segments.back_mut() {
+            seg.bytes += len as u64;
+        }
+        drop(st);
+        self.appended.notify();
+        Ok(seq)
+    }
+
+    /// The next record starts a new segment (called when a memtable is frozen, so a segment's
+    /// records belong to as few memtables as possible and can be released together).
+    pub fn roll(&self) {
+        self.state.borrow_mut().roll_requested = true;
+    }
+
+    /// Sequence number the next record will get.
+    pub fn next_seq(&self) -> u64 {
+        self.state.borrow().next_seq
+    }
+
+    /// Highest sequence number on stable storage.
+    pub fn synced_seq(&self) -> u64 {
+        self.state.borrow().synced_seq
+    }
+
+    /// Resolves once record `seq` is covered by an fdatasync.
+    pub async fn wait_durable(&self, seq: u64) -> Result<(), StoreError> {
+        loop {
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
+            let wait = {
+                let st = self.state.borrow();
+                if st.synced_seq >= seq {
+                    return Ok(());
+                }
+                if !st.writer_running {
+                    return Err(StoreError::Closed);
+                }
+                self.synced.wait()
+            };
+            wait.await;
+        }
+    }
+
+    /// Everything appended so far is durable.
+    pub async fn sync_all(&self) -> Result<(), StoreError> {
+        let last = self.next_seq().saturating_sub(1);
+        self.wait_durable(last).await
+    }
+
+    /// Record bytes in live segments: what recovery would replay.
+    pub fn live_bytes(&self) -> u64 {
+        self.state.borrow().segments.iter().map(|s| s.bytes).sum()
+    }
+
+    pub fn live_segments(&self) -> usize {
+        self.state.borrow().segments.len()
+    }
+
+    pub fn counters(&self) -> WalCounters {
+        self.state.borrow().counters
+    }
+
+    /// Forgets the segments whose records are all at or below `flushed_seq` (now in tables) and
+    /// returns their paths for the caller to remove. The newest segment is always kept.
+    pub fn release_through(&self, flushed_seq: u64) -> Vec<PathBuf> {
+        let mut st = self.state.borrow_mut();
+        let mut released = Vec::new();
+        while st.segments.len() >= 2 {
+            let next_first = st.segments[1].first_seq;
+            if next_first > flushed_seq.saturating_add(1) {
+                break;
+            }
+            if let Some(seg) = st.segments.pop_front() {
+                released.push(seg.path);
+            }
+        }
+        released
+    }
+
+    /// Stops the writer after it has written and synced everything pending.
+    pub async fn shutdown(&self) -> Result<(), StoreError> {
+        let result = self.sync_all().await;
+        self.state.borrow_mut().shutdown = true;
+        self.appended.notify();
+        // Wait for the writer to leave its loop so no write is in flight when the caller returns.
+        while self.state.borrow().writer_running {
+            let wait = self.synced.wait();
+            if !self.state.borrow().writer_running {
+                break;
+            }
+            wait.await;
+        }
+        match result {
+            Err(StoreError::Closed) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// True while no write is in flight and nothing is pending.
+    pub fn is_idle(&self) -> bool {
+        self.writer_idle.get() && self.state.borrow().pending.is_empty()
+    }
+
+    async fn run_writer(self: Rc<Self>) {
+        let mut current: Option<(u64, DmaFile, PathBuf, u64)> = None;
+        loop {
+            let (chunks, stop): (Vec<Chunk>, bool) = {
+                let mut st = self.state.borrow_mut();
+                let stop = st.shutdown || st.failed.is_some();
+                (st.pending.drain(..).collect(), stop)
+            };
+            if chunks.is_empty() {
+                if stop {
+                    break;
+                }
+                let wait = self.appended.wait();
+                self.writer_idle.set(true);
+                wait.await;
+                continue;
+            }
+            self.writer_idle.set(false);
+            let last_seq = chunks.last().map_or(0, |c| c.last_seq);
+            match self.write_chunks(chunks, &mut current).await {
+                Ok(()) => {
+                    let mut st = self.state.borrow_mut();
+                    st.synced_seq = st.synced_seq.max(last_seq);
+                    st.counters.fsyncs += 1;
+                }
+                Err(e) => {
+                    let (path, kind, msg) = match e {
+                        StoreError::Io { path, source } => {
+                            (path, source.kind(), source.to_string())
+                        }
+                        other => (
+                            self.dir.display().to_string(),
+                            std::io::ErrorKind::Other,
+                            other.to_string(),
+                        ),
+                    };
+                    tracing::error!(path = %path, error = %msg, "WAL write failed; the shard's log is failed");
+                    self.state.borrow_mut().failed = Some((path, kind, msg));
+                    self.synced.notify();
+                    break;
+                }
+            }
+            self.synced.notify();
+        }
+        if let Some((_, file, path, _)) = current.take() {
+            let _ = dio::close(file, &path).await;
+        }
+        self.writer_idle.set(true);
+        self.state.borrow_mut().writer_running = false;
+        self.synced.notify();
+    }
+
+    /// Writes chunks in order, fsyncing a segment before moving to the next, then fsyncs the
+    /// last one: one fdatasync per call in the common case.
+    async fn write_chunks(
+        &self,
+        chunks: Vec<Chunk>,
+        current: &mut Option<(u64, DmaFile, PathBuf, u64)>,
+    ) -> Result<(), StoreError> {
+        for chunk in chunks {
+            let switch = current
+                .as_ref()
+                .is_none_or(|(first, ..)| *first != chunk.segment_first_seq);
+            if switch {
+                if let Some((_, file, path, _)) = current.take() {
+                    dio::fdatasync(&file, &path).await?;
+                    self.state.borrow_mut().counters.fsyncs += 1;
+                    dio::close(file, &path).await?;
+                }
+                let path = self.dir.join(segment_name(chunk.segment_first_seq));
+                let file = dio::open_rw(&path, true).await?;
+                // The new name must survive a crash before any record in it is acknowledged.
+                dio::sync_dir(&self.dir).await?;
+                *current = Some((chunk.segment_first_seq, file, path, 0));
+            }
+            if let Some((_, file, path, pos)) = current.as_mut() {
+                let written = dio::write_padded(file, path, *pos, &chunk.bytes).await?;
+                *pos += written as u64;
+                let mut st = self.state.borrow_mut();
+                st.counters.bytes_written += written as u64;
+                st.counters.writes += 1;
+            }
+        }
+        if let Some((_, file, path, _)) = current.as_ref() {
+            dio::fdatasync(file, path).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(bytes: &[u8]) -> Key {
+        Key::from_slice(bytes)
+    }
+
+    fn sample_batch() -> WriteBatch {
+        let mut batch = WriteBatch::new();
+        batch.put(key(&[1; 24]), Value::copy_from_slice(b"hello world"));
+        batch.delete(key(&[2; 24]));
+        batch.put(key(&[0xFF, 1]), Value::copy_from_slice(&7u64.to_be_bytes()));
+        batch.put(key(b""), Value::copy_from_slice(b""));
+        batch
+    }
+
+    #[test]
+    fn record_round_trips() {
+        let batch = sample_batch();
+        let mut out = Vec::new();
+        let len = encode_record(42, &batch, &mut out).unwrap();
+        assert_eq!(len, out.len());
+        assert_eq!(len, RECORD_HEADER_BYTES + payload_len(&batch));
+        match decode_frame(&out).unwrap() {
+            Frame::Record(record, used) => {
+                assert_eq!(used, len);
+                assert_eq!(record.seq, 42);
+                assert_eq!(decode_batch(record.payload).unwrap(), batch);
+            }
+            Frame::Padding => panic!("record decoded as padding"),
+        }
+    }
+
+    #[test]
+    fn empty_batch_is_a_valid_record() {
+        let mut out = Vec::new();
+        encode_record(1, &WriteBatch::new(), &mut out).unwrap();
+        let Frame::Record(record, _) = decode_frame(&out).unwrap() else {
+            panic!("expected a record")
+        };
+        assert!(decode_batch(record.payload).unwrap().is_empty());
+    }
+
+    #[test]
+    fn every_flipped_bit_is_detected() {
+        let mut out = Vec::new();
+        encode_record(7, &sample_batch(), &mut out).unwrap();
+        for byte in 0..out.len() {
+            for bit in 0..8 {
+                let mut bad = out.clone();
+                bad[byte] ^= 1 << bit;
+                match decode_frame(&bad) {
+                    Ok(Frame::Record(record, _)) => {
+                        panic!(
+                            "flip at byte {byte} bit {bit} accepted as seq {}",
+                            record.seq
+                        )
+                    }
+                    Ok(Frame::Padding) => panic!("flip at byte {byte} read as padding"),
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn truncated_records_are_refused() {
+        let mut out = Vec::new();
+        encode_record(7, &sample_batch(), &mut out).unwrap();
+        for cut in 0..out.len() {
+            assert!(decode_frame(&out[..cut]).is_err(), "cut at {cut} accepted");
+        }
+    }
+
+    #[test]
+    fn malformed_payloads_are_refused() {
+        assert!(decode_batch(&[]).is_err());
+        assert!(decode_batch(&[1, 0, 0, 0]).is_err());
+        assert!(decode_batch(&[0xFF, 0xFF, 0xFF, 0xFF, 1, 2, 3]).is_err());
+        // One put with an unknown op kind.
+        assert!(decode_batch(&[1, 0, 0, 0, 9, 0, 0]).is_err());
+        // Trailing garbage after a valid delete.
+        assert!(decode_batch(&[1, 0, 0, 0, 2, 1, 0, 5, 6]).is_err());
+        assert!(decode_batch(&[1, 0, 0, 0, 2, 1, 0, 5]).is_ok());
+    }
+
+    #[test]
+    fn segment_reader_skips_padding_and_stops_at_a_torn_tail() {
+        let mut seg = Vec::new();
+        encode_record(1, &sample_batch(), &mut seg).unwrap();
+        encode_record(2, &sample_batch(), &mut seg).unwrap();
+        seg.resize(WRITE_ALIGN, 0);
+        let second_block = seg.len();
+        encode_record(3, &sample_batch(), &mut seg).unwrap();
+        let torn_at = seg.len();
+        let mut tail = Vec::new();
+        encode_record(4, &sample_batch(), &mut tail).unwrap();
+        seg.extend_from_slice(&tail[..tail.len() / 2]);
+
+        let mut reader = SegmentReader::new(&seg);
+        let seqs: Vec<(usize, u64)> =
+            std::iter::from_fn(|| reader.next_record().map(|(at, r)| (at, r.seq))).collect();
+        assert_eq!(seqs.len(), 3);
+        assert_eq!(seqs[2], (second_block, 3));
+        match reader.end() {
+            Some(ScanEnd::Torn { offset, .. }) => assert_eq!(*offset, torn_at),
+            other => panic!("expected a torn tail, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn segment_reader_ends_clean_on_zero_tail_and_flags_dirty_padding() {
+        let mut seg = Vec::new();
+        encode_record(1, &sample_batch(), &mut seg).unwrap();
+        seg.resize(2 * WRITE_ALIGN + 5, 0);
+        let mut reader = SegmentReader::new(&seg);
+        assert!(reader.next_record().is_some());
+        assert!(reader.next_record().is_none());
+        assert_eq!(reader.end(), Some(&ScanEnd::Clean));
+
+        let mut dirty = seg.clone();
+        dirty[WRITE_ALIGN - 3] = 9;
+        let mut reader = SegmentReader::new(&dirty);
+        assert!(reader.next_record().is_some());
+        assert!(reader.next_record().is_none());
+        assert!(matches!(reader.end(), Some(ScanEnd::Torn { .. })));
+    }
+
+    #[test]
+    fn oversized_keys_are_refused_before_encoding() {
+        let mut batch = WriteBatch::new();
+        batch.delete(Key::from_slice(&vec![0u8; KEY_BYTES_MAX + 1]));
+        let mut out = Vec::new();
+        assert_eq!(
+            encode_record(1, &batch, &mut out),
+            Err(EncodeError::KeyTooLong {
+                len: KEY_BYTES_MAX + 1
+            })
+        );
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn segment_names_round_trip() {
+        assert_eq!(parse_segment_name(&segment_name(0)), Some(0));
+        assert_eq!(parse_segment_name(&segment_name(u64::MAX)), Some(u64::MAX));
+        assert_eq!(parse_segment_name("wal-12.log"), None);
+        assert_eq!(parse_segment_name("tbl-00000000000000000001.sst"), None);
+    }
+}
