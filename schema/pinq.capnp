@@ -88,9 +88,10 @@ interface Broker {
   # Counters of every shard, topic and group, read at the time of the call.
 
   forgetGroup @5 (topic :Text, group :Text) -> ();
-  # Admin: forgets a consumer group of a topic at once, with its claims on messages: copies waiting
-  # only for this group are deleted. Consumers of the group still connected keep receiving new
-  # messages (the group is recreated by them). Fails (`failed`) if `group` is empty.
+  # Admin: forgets a consumer group of a topic at once, with its claims on messages, as
+  # `delivery.groupRetention` does after that long without consumers: copies waiting only for
+  # this group are deleted. Meant for a group whose consumers are gone for good. Fails (`failed`)
+  # if `group` is empty.
 }
 
 interface Consumer {

@@ -1,4 +1,55 @@
-//! The `pinq` command line.
-fn main() {
-    println!("pinq");
+#![deny(clippy::unwrap_used)]
+//! The `pinq` binary: parses the command line, sets up logging and runs one subcommand.
+//!
+//! The clap definitions live in `pinq::cli`; this file only dispatches. Adding a subcommand is
+//! one variant of `pinq::cli::Command` plus one arm in `main` below. A subcommand returns
+//! `anyhow::Result<()>`; its error is printed to stderr and decides the exit status
+//! (`pinq::cli::exit_code`: 2 for bad configuration or usage, 1 otherwise).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use pinq::cli::{self, Cli, Command, ServeArgs};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let outcome = match cli.command {
+        Command::Serve(args) => serve(args),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("pinq: error: {err:#}");
+            ExitCode::from(cli::exit_code(&err))
+        }
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// `pinq serve`: builds the configuration (defaults < file < `PINQ_` env < flags), logs it and
+/// runs the broker until it is told to stop.
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let env = pinq::config::env_from_process()?;
+    let config = args.load_config(env)?;
+    tracing::info!(
+        shards = config.server.cpus.len(),
+        cpus = %config.server.cpus,
+        listen = %config.server.listen,
+        metrics = %config.server.metrics_listen,
+        storage = config.storage.engine.as_str(),
+        data_dir = %config.server.data_dir.display(),
+        "starting pinq serve"
+    );
+    tracing::info!("effective configuration:\n{}", config.to_toml());
+    pinq::server::run(config)
 }

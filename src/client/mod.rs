@@ -47,6 +47,7 @@ pub use self::publisher::Publisher;
 pub use self::subscription::Subscription;
 pub use crate::config::AckLevel;
 pub use crate::key::EventKey;
+use crate::key::TopicHash;
 pub use crate::message::Header;
 pub use crate::rpc::{
     Delivery, GroupStats, PublishMessage, ShardInfo, ShardStats, Stats, TagResult, WireError,
@@ -181,6 +182,7 @@ type Closing = Pin<Box<dyn Future<Output = Result<(), capnp::Error>>>>;
 struct Connection {
     broker: broker::Client,
     server: ServerInfo,
+    options: ClientOptions,
     /// Closes the connection gracefully when awaited (capnp-rpc's `Disconnector`, which it does
     /// not export by name).
     disconnector: RefCell<Option<Closing>>,
@@ -289,6 +291,7 @@ impl Client {
             conn: Rc::new(Connection {
                 broker,
                 server,
+                options: options.clone(),
                 disconnector: RefCell::new(Some(Box::pin(disconnector))),
                 _rpc_task: rpc_task,
             }),
@@ -298,6 +301,33 @@ impl Client {
     /// What the broker answered in the handshake.
     pub fn server(&self) -> ServerInfo {
         self.conn.server
+    }
+
+    /// Opens another connection, straight to the port of the shard that owns `topic` (from
+    /// [`Client::topology`]), so that this topic's requests are served on the owner's core with
+    /// no hop between cores. Uses this client's options.
+    pub async fn connect_to_owner(&self, topic: &str) -> Result<Client, ClientError> {
+        let shards = self.topology().await?;
+        if shards.is_empty() {
+            return Err(ClientError::BadReply(WireError::WrongLength {
+                field: rpc::Field::top("shards (count)"),
+                len: 0,
+                expected: 1,
+            }));
+        }
+        let owner = TopicHash::of(topic).shard(shards.len());
+        let Some(shard) = shards.iter().find(|s| s.shard_id as usize == owner) else {
+            return Err(ClientError::Refused(format!(
+                "topology lists {} shards but not shard {owner}, the owner of topic {topic:?}",
+                shards.len()
+            )));
+        };
+        let addr = if shard.host.contains(':') {
+            format!("[{}]:{}", shard.host, shard.port)
+        } else {
+            format!("{}:{}", shard.host, shard.port)
+        };
+        Client::connect_with(addr.as_str(), &self.conn.options).await
     }
 
     /// The raw `Broker` capability, for calls this library does not wrap.

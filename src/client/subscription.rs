@@ -129,6 +129,12 @@ impl Subscription {
         self.queue.recv().await
     }
 
+    /// The deliveries as a stream, for `StreamExt` combinators; it ends with the subscription.
+    /// Only one stream may be read at a time.
+    pub fn stream(&self) -> impl futures_lite::Stream<Item = Delivery> + '_ {
+        self.queue.stream()
+    }
+
     /// Waits for at least one delivery, then takes whatever else is already queued, up to `max`
     /// in all. Empty once the subscription has ended.
     pub async fn recv_batch(&self, max: usize) -> Vec<Delivery> {

@@ -41,6 +41,7 @@ struct BrokerState {
 
 struct FakeBroker {
     state: Rc<RefCell<BrokerState>>,
+    port: u16,
     server_version: u32,
 }
 
@@ -200,7 +201,7 @@ impl broker::Server for FakeBroker {
         let shards = [ShardInfo {
             shard_id: 0,
             host: "127.0.0.1".into(),
-            port: 7401,
+            port: self.port,
             cpu: 0,
         }];
         rpc::write_topology(results.get().init_shards(1), &shards);
@@ -333,10 +334,12 @@ impl subscription::Server for SubscriptionHandle {
 /// Starts the fake broker on an ephemeral port of 127.0.0.1; returns its address and state.
 fn start_fake_broker(server_version: u32) -> (String, Rc<RefCell<BrokerState>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
+    let local = listener.local_addr().unwrap();
+    let addr = local.to_string();
     let state = Rc::new(RefCell::new(BrokerState::default()));
     let broker: broker::Client = capnp_rpc::new_client(FakeBroker {
         state: state.clone(),
+        port: local.port(),
         server_version,
     });
     glommio::spawn_local(async move {
@@ -401,7 +404,13 @@ fn connect_does_the_handshake_and_reports_the_server() {
         );
         let shards = within("topology", client.topology()).await.unwrap();
         assert_eq!(shards.len(), 1);
-        assert_eq!(shards[0].port, 7401);
+        assert_eq!(format!("{}:{}", shards[0].host, shards[0].port), addr);
+        // One shard owns every topic: the owner's port is the one listed.
+        let direct = within("owner", client.connect_to_owner("orders"))
+            .await
+            .unwrap();
+        assert_eq!(direct.server().shard_count, 1);
+        direct.close().await.unwrap();
         client.close().await.unwrap();
     });
 }
@@ -578,7 +587,8 @@ fn nack_brings_the_message_back_with_the_next_attempt() {
             sub.nack(&[first.tag], 0).await.unwrap(),
             vec![TagResult::Ok]
         );
-        let again = within("redelivery", sub.recv()).await.unwrap();
+        use futures_lite::StreamExt;
+        let again = within("redelivery", sub.stream().next()).await.unwrap();
         assert_eq!((again.tag, again.attempt), (first.tag, 2));
         assert_eq!(sub.ack(&[again.tag]).await.unwrap(), vec![TagResult::Ok]);
     });

@@ -1,8 +1,31 @@
 //! pinq's configuration: every key with its default, loaded from TOML, flags and `PINQ_` env vars.
 //!
-//! The structs here are what the rest of pinq reads; units are in the field names. Loading and
-//! validation (unknown keys, zero intervals, out-of-range values, each error naming its key) live
-//! in `load.rs`.
+//! The structs here are what the rest of pinq reads; units are in the field names, and a value that
+//! reaches them has been validated. Loading and validation (unknown keys, zero intervals,
+//! out-of-range values, each error naming its key) live in `load.rs`; `pinq.example.toml` at the
+//! repository root lists every key with its default, and a test keeps it equal to
+//! [`Config::default`]. Nothing here is read on a hot path: shards copy what they need at start-up.
+
+mod bytes;
+mod cpus;
+mod load;
+
+pub use bytes::{format_byte_size, parse_byte_size, ByteSizeError};
+pub use cpus::{allowed_cpus_from_status, format_cpu_list, online_cpus, CpuList, CpuListError};
+pub use load::{env_from_process, env_var_name, ConfigError, ConfigLoader, Origin, ENV_PREFIX};
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+/// Everything `pinq serve` is configured with. Build it with [`ConfigLoader`]; `Default` is the
+/// embedded defaults (standalone, `./data`, all CPUs, client port 7400, metrics on 9400).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    pub delivery: DeliveryConfig,
+    pub publish: PublishConfig,
+    pub server: ServerConfig,
+    pub storage: StorageConfig,
+}
 
 /// Delivery pipeline settings (`[delivery]` in TOML).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,6 +100,131 @@ impl Default for PublishConfig {
             message_bytes_max: 1 << 20,
             batch_len_max: 10_000,
             ack_level_min: AckLevel::None,
+        }
+    }
+}
+
+impl AckLevel {
+    /// The spelling used in the config, on the command line and on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AckLevel::None => "none",
+            AckLevel::Leader => "leader",
+            AckLevel::Durable => "durable",
+        }
+    }
+
+    /// Reads `"none"`, `"leader"` or `"durable"`.
+    pub fn parse(text: &str) -> Option<AckLevel> {
+        match text {
+            "none" => Some(AckLevel::None),
+            "leader" => Some(AckLevel::Leader),
+            "durable" => Some(AckLevel::Durable),
+            _ => None,
+        }
+    }
+}
+
+/// Client port of a standalone broker.
+pub const LISTEN_PORT_DEFAULT: u16 = 7400;
+
+/// Port of the Prometheus endpoint.
+pub const METRICS_PORT_DEFAULT: u16 = 9400;
+
+/// Process-level settings (`[server]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// `server.dataDir`: where each shard keeps its WAL and tables.
+    pub data_dir: PathBuf,
+    /// `server.cpus`: one shard per CPU, pinned; shard `i` runs on `cpus.cpus()[i]`.
+    pub cpus: CpuList,
+    /// `server.listen`: the client port every shard accepts on (SO_REUSEPORT).
+    pub listen: SocketAddr,
+    /// `server.metricsListen`: the Prometheus `/metrics` and `/healthz` endpoint.
+    pub metrics_listen: SocketAddr,
+    /// `server.shardPortBase`: first per-shard port (shard `i` on base + `i`); `None` means the
+    /// client port + 1. See [`ServerConfig::shard_listen`].
+    pub shard_port_base: Option<u16>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            data_dir: PathBuf::from("./data"),
+            cpus: CpuList::all_online(),
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), LISTEN_PORT_DEFAULT),
+            metrics_listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), METRICS_PORT_DEFAULT),
+            shard_port_base: None,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The address shard `shard_index` listens on besides the shared client port, for shard-aware
+    /// clients: the IP of `listen`, port `shardPortBase + shard_index`, by default one above
+    /// `listen`'s port plus `shard_index`. Port 0 asks the OS for an ephemeral port: every shard
+    /// gets one when `shardPortBase` is 0, or when it is unset and `listen` itself uses port 0
+    /// (tests); `topology()` must then report the ports actually bound. Validation guarantees the
+    /// ports of all shards fit below 65536.
+    pub fn shard_listen(&self, shard_index: usize) -> SocketAddr {
+        assert!(
+            shard_index < self.cpus.len(),
+            "shard {shard_index} of {}",
+            self.cpus.len()
+        );
+        let base = match self.shard_port_base {
+            Some(base) => base,
+            None if self.listen.port() == 0 => 0,
+            None => self.listen.port().saturating_add(1),
+        };
+        let port = if base == 0 {
+            0
+        } else {
+            u16::try_from(shard_index)
+                .ok()
+                .and_then(|index| base.checked_add(index))
+                .unwrap_or(0)
+        };
+        SocketAddr::new(self.listen.ip(), port)
+    }
+}
+
+/// Which storage engine the shards run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageEngine {
+    /// The io_uring LSM log: WAL, memtable, sorted tables, compaction. Durable.
+    Lsm,
+    /// Everything in memory: nothing survives a restart. For tests and benchmarks.
+    Memory,
+}
+
+impl StorageEngine {
+    /// The spelling used in the config and by `--storage`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageEngine::Lsm => "lsm",
+            StorageEngine::Memory => "memory",
+        }
+    }
+}
+
+/// Storage settings (`[storage]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StorageConfig {
+    /// `storage.engine`.
+    pub engine: StorageEngine,
+    /// `storage.memtableBytes`: a shard's memtable is frozen and flushed to a table at this size.
+    pub memtable_bytes_max: usize,
+    /// `storage.walSegmentBytes`: a WAL segment file is closed and a new one started at this size.
+    pub wal_segment_bytes_max: u64,
+}
+
+impl Default for StorageConfig {
+    fn default() -> StorageConfig {
+        StorageConfig {
+            engine: StorageEngine::Lsm,
+            memtable_bytes_max: 64 << 20,
+            wal_segment_bytes_max: 64 << 20,
         }
     }
 }
