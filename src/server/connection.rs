@@ -32,7 +32,10 @@ const DELIVER_BATCH_MAX: usize = 256;
 /// Serves one accepted connection until it closes.
 pub async fn serve(shard: Rc<Shard>, topology: Topology, stream: TcpStream, own_port: bool) {
     let _ = stream.set_nodelay(true);
-    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
     let (reader, writer) = futures_lite::io::split(stream);
     let network = twoparty::VatNetwork::new(
         BufReader::new(reader),
@@ -40,7 +43,11 @@ pub async fn serve(shard: Rc<Shard>, topology: Topology, stream: TcpStream, own_
         Side::Server,
         capnp::message::ReaderOptions::new(),
     );
-    let broker: broker::Client = capnp_rpc::new_client(BrokerImpl { shard, topology, own_port });
+    let broker: broker::Client = capnp_rpc::new_client(BrokerImpl {
+        shard,
+        topology,
+        own_port,
+    });
     let rpc = RpcSystem::new(Box::new(network), Some(broker.client));
     if let Err(e) = rpc.await {
         tracing::debug!(peer, "connection closed: {e}");
@@ -84,7 +91,11 @@ impl broker::Server for BrokerImpl {
         let mut reply = results.get();
         reply.set_server_version(rpc::PROTOCOL_VERSION);
         reply.set_shard_count(self.shard.count as u32);
-        reply.set_shard_id(if self.own_port { self.shard.id as u32 } else { rpc::ANY_SHARD });
+        reply.set_shard_id(if self.own_port {
+            self.shard.id as u32
+        } else {
+            rpc::ANY_SHARD
+        });
         Ok(())
     }
 
@@ -100,7 +111,9 @@ impl broker::Server for BrokerImpl {
             let batch = rpc::read_publish_batch(params.get_messages()?, &limits).map_err(wire)?;
             // Split by owning shard, remembering each message's place for the reply.
             let mut by_shard: Vec<(Vec<usize>, Vec<pipeline::PublishMessage>)> =
-                (0..self.shard.count).map(|_| (Vec::new(), Vec::new())).collect();
+                (0..self.shard.count)
+                    .map(|_| (Vec::new(), Vec::new()))
+                    .collect();
             for (index, m) in batch.iter().enumerate() {
                 let owner = TopicHash::of(m.topic).shard(self.shard.count);
                 by_shard[owner].0.push(index);
@@ -109,7 +122,14 @@ impl broker::Server for BrokerImpl {
                     payload: m.payload.to_vec(),
                     delay_ms: m.delay_ms.min(i64::MAX as u64) as i64,
                     ttl_ms: m.ttl_ms.min(i64::MAX as u64) as i64,
-                    headers: m.headers.iter().map(|h| Header { key: h.key.to_owned(), value: h.value.to_vec() }).collect(),
+                    headers: m
+                        .headers
+                        .iter()
+                        .map(|h| Header {
+                            key: h.key.to_owned(),
+                            value: h.value.to_vec(),
+                        })
+                        .collect(),
                 });
             }
             (ack, by_shard, batch.len())
@@ -121,7 +141,11 @@ impl broker::Server for BrokerImpl {
             }
             let shard_tags = self
                 .shard
-                .call(owner, |reply| Request::Publish { messages, ack, reply })
+                .call(owner, |reply| Request::Publish {
+                    messages,
+                    ack,
+                    reply,
+                })
                 .await
                 .map_err(|e| failed(format!("publish: {e}")))?;
             for (place, tag) in places.into_iter().zip(shard_tags) {
@@ -139,23 +163,53 @@ impl broker::Server for BrokerImpl {
     ) -> Result<(), capnp::Error> {
         let (topic, group, consumer_cap, queue_size) = {
             let params = params.get()?;
-            let topic = params.get_topic()?.to_str().map_err(|_| failed("subscribe: topic is not UTF-8"))?.to_owned();
-            let group = params.get_group()?.to_str().map_err(|_| failed("subscribe: group is not UTF-8"))?.to_owned();
-            (topic, group, params.get_consumer()?, params.get_queue_size() as usize)
+            let topic = params
+                .get_topic()?
+                .to_str()
+                .map_err(|_| failed("subscribe: topic is not UTF-8"))?
+                .to_owned();
+            let group = params
+                .get_group()?
+                .to_str()
+                .map_err(|_| failed("subscribe: group is not UTF-8"))?
+                .to_owned();
+            (
+                topic,
+                group,
+                params.get_consumer()?,
+                params.get_queue_size() as usize,
+            )
         };
         crate::key::validate_topic(&topic).map_err(|e| failed(format!("subscribe: topic: {e}")))?;
         if group.len() > crate::key::TOPIC_LEN_MAX {
-            return Err(failed(format!("subscribe: group is {} bytes, the limit is 255", group.len())));
+            return Err(failed(format!(
+                "subscribe: group is {} bytes, the limit is 255",
+                group.len()
+            )));
         }
         let bound = self.shard.delivery.consumer_queue_len_max;
-        let credit = if queue_size == 0 { bound } else { queue_size.min(bound) };
+        let credit = if queue_size == 0 {
+            bound
+        } else {
+            queue_size.min(bound)
+        };
         let owner = TopicHash::of(&topic).shard(self.shard.count);
         let (sink_id, sink, notify) = self.shard.open_sink();
         let uuid = uuid::Uuid::new_v4();
-        let sink_addr = SinkAddr { shard: self.shard.id, sink: sink_id };
+        let sink_addr = SinkAddr {
+            shard: self.shard.id,
+            sink: sink_id,
+        };
         let consumer = match self
             .shard
-            .call(owner, |reply| Request::Subscribe { topic, group, uuid, sink: sink_addr, credit, reply })
+            .call(owner, |reply| Request::Subscribe {
+                topic,
+                group,
+                uuid,
+                sink: sink_addr,
+                credit,
+                reply,
+            })
             .await
         {
             Ok(consumer) => consumer,
@@ -164,8 +218,23 @@ impl broker::Server for BrokerImpl {
                 return Err(failed(format!("subscribe: {e}")));
             }
         };
-        glommio::spawn_local(forward(self.shard.clone(), owner, consumer, sink.clone(), notify, consumer_cap)).detach();
-        let handle = SubscriptionImpl { shard: self.shard.clone(), owner, consumer, sink_id, sink, closed: Cell::new(false) };
+        glommio::spawn_local(forward(
+            self.shard.clone(),
+            owner,
+            consumer,
+            sink.clone(),
+            notify,
+            consumer_cap,
+        ))
+        .detach();
+        let handle = SubscriptionImpl {
+            shard: self.shard.clone(),
+            owner,
+            consumer,
+            sink_id,
+            sink,
+            closed: Cell::new(false),
+        };
         let mut reply = results.get();
         reply.set_subscription(capnp_rpc::new_client(handle));
         reply.set_consumer_id(uuid.as_bytes());
@@ -189,7 +258,11 @@ impl broker::Server for BrokerImpl {
     ) -> Result<(), capnp::Error> {
         let mut stats = rpc::Stats::default();
         for owner in 0..self.shard.count {
-            let s = self.shard.call(owner, |reply| Request::Stats { reply }).await.map_err(failed)?;
+            let s = self
+                .shard
+                .call(owner, |reply| Request::Stats { reply })
+                .await
+                .map_err(failed)?;
             let c = &s.counters;
             stats.shards.push(rpc::ShardStats {
                 shard_id: owner as u32,
@@ -199,7 +272,9 @@ impl broker::Server for BrokerImpl {
                 nacked: c.nacked_total,
                 in_flight: s.in_flight as u64,
                 active_consumers: s.active_consumers as u64,
-                redeliveries: c.redeliveries_timeout_total + c.redeliveries_nack_total + c.redeliveries_disconnect_total,
+                redeliveries: c.redeliveries_timeout_total
+                    + c.redeliveries_nack_total
+                    + c.redeliveries_disconnect_total,
                 expired: c.expired_dispatcher_total + c.expired_janitor_total,
                 delete_failures: s.delete_failures_total,
                 backlog: s.pending_copies as u64,
@@ -215,14 +290,27 @@ impl broker::Server for BrokerImpl {
     ) -> Result<(), capnp::Error> {
         let (topic, group) = {
             let params = params.get()?;
-            let topic = params.get_topic()?.to_str().map_err(|_| failed("forgetGroup: topic is not UTF-8"))?.to_owned();
-            let group = params.get_group()?.to_str().map_err(|_| failed("forgetGroup: group is not UTF-8"))?.to_owned();
+            let topic = params
+                .get_topic()?
+                .to_str()
+                .map_err(|_| failed("forgetGroup: topic is not UTF-8"))?
+                .to_owned();
+            let group = params
+                .get_group()?
+                .to_str()
+                .map_err(|_| failed("forgetGroup: group is not UTF-8"))?
+                .to_owned();
             (topic, group)
         };
-        crate::key::validate_topic(&topic).map_err(|e| failed(format!("forgetGroup: topic: {e}")))?;
+        crate::key::validate_topic(&topic)
+            .map_err(|e| failed(format!("forgetGroup: topic: {e}")))?;
         let owner = TopicHash::of(&topic).shard(self.shard.count);
         self.shard
-            .call(owner, |reply| Request::ForgetGroup { topic, group, reply })
+            .call(owner, |reply| Request::ForgetGroup {
+                topic,
+                group,
+                reply,
+            })
             .await
             .map_err(|e| failed(format!("forgetGroup: {e}")))
     }
@@ -257,7 +345,11 @@ async fn forward(
             let outgoing: Vec<OutgoingDelivery<'_, crate::message::ArchivedStoredMessage>> = batch
                 .iter()
                 .filter_map(|d| {
-                    d.value.message().ok().map(|message| OutgoingDelivery { tag: d.key, message, attempt: d.attempt })
+                    d.value.message().ok().map(|message| OutgoingDelivery {
+                        tag: d.key,
+                        message,
+                        attempt: d.attempt,
+                    })
                 })
                 .collect();
             let list = request.get().init_deliveries(outgoing.len() as u32);
@@ -284,7 +376,11 @@ struct SubscriptionImpl {
 }
 
 impl SubscriptionImpl {
-    async fn settle(&self, op: SettleOp, tags: capnp::data_list::Reader<'_>) -> Result<Vec<TagResult>, capnp::Error> {
+    async fn settle(
+        &self,
+        op: SettleOp,
+        tags: capnp::data_list::Reader<'_>,
+    ) -> Result<Vec<TagResult>, capnp::Error> {
         if self.closed.get() {
             return Err(failed("subscription is closed"));
         }
@@ -301,7 +397,12 @@ impl SubscriptionImpl {
             let consumer = self.consumer;
             let settled = self
                 .shard
-                .call(self.owner, |reply| Request::Settle { consumer, op, tags: keys, reply })
+                .call(self.owner, |reply| Request::Settle {
+                    consumer,
+                    op,
+                    tags: keys,
+                    reply,
+                })
                 .await
                 .map_err(failed)?;
             for (place, result) in places.into_iter().zip(settled) {
@@ -319,7 +420,10 @@ impl SubscriptionImpl {
         self.sink.close();
         let shard = self.shard.clone();
         let (owner, consumer) = (self.owner, self.consumer);
-        glommio::spawn_local(async move { shard.tell(owner, Request::Unsubscribe { consumer }).await }).detach();
+        glommio::spawn_local(
+            async move { shard.tell(owner, Request::Unsubscribe { consumer }).await },
+        )
+        .detach();
     }
 }
 
@@ -341,7 +445,9 @@ impl subscription::Server for SubscriptionImpl {
         params: subscription::AckParams,
         mut results: subscription::AckResults,
     ) -> Result<(), capnp::Error> {
-        let outcome = self.settle(SettleOp::Ack, params.get()?.get_tags()?).await?;
+        let outcome = self
+            .settle(SettleOp::Ack, params.get()?.get_tags()?)
+            .await?;
         write_results(results.get().init_results(outcome.len() as u32), &outcome);
         Ok(())
     }
@@ -353,7 +459,9 @@ impl subscription::Server for SubscriptionImpl {
     ) -> Result<(), capnp::Error> {
         let params = params.get()?;
         let delay_ms = params.get_delay_ms();
-        let outcome = self.settle(SettleOp::Nack { delay_ms }, params.get_tags()?).await?;
+        let outcome = self
+            .settle(SettleOp::Nack { delay_ms }, params.get_tags()?)
+            .await?;
         write_results(results.get().init_results(outcome.len() as u32), &outcome);
         Ok(())
     }
@@ -363,7 +471,9 @@ impl subscription::Server for SubscriptionImpl {
         params: subscription::TouchParams,
         mut results: subscription::TouchResults,
     ) -> Result<(), capnp::Error> {
-        let outcome = self.settle(SettleOp::Touch, params.get()?.get_tags()?).await?;
+        let outcome = self
+            .settle(SettleOp::Touch, params.get()?.get_tags()?)
+            .await?;
         write_results(results.get().init_results(outcome.len() as u32), &outcome);
         Ok(())
     }

@@ -26,19 +26,49 @@ pub type Reply<T> = oneshot::Sender<Result<T, String>>;
 
 /// Work for the shard that owns a topic.
 pub enum Request {
-    Publish { messages: Vec<PublishMessage>, ack: AckLevel, reply: Reply<Vec<EventKey>> },
-    Subscribe { topic: String, group: String, uuid: uuid::Uuid, sink: SinkAddr, credit: usize, reply: Reply<ConsumerId> },
-    Unsubscribe { consumer: ConsumerId },
-    Settle { consumer: ConsumerId, op: SettleOp, tags: Vec<EventKey>, reply: Reply<Vec<TagResult>> },
-    Stats { reply: Reply<ShardStats> },
-    ForgetGroup { topic: String, group: String, reply: Reply<()> },
+    Publish {
+        messages: Vec<PublishMessage>,
+        ack: AckLevel,
+        reply: Reply<Vec<EventKey>>,
+    },
+    Subscribe {
+        topic: String,
+        group: String,
+        uuid: uuid::Uuid,
+        sink: SinkAddr,
+        credit: usize,
+        reply: Reply<ConsumerId>,
+    },
+    Unsubscribe {
+        consumer: ConsumerId,
+    },
+    Settle {
+        consumer: ConsumerId,
+        op: SettleOp,
+        tags: Vec<EventKey>,
+        reply: Reply<Vec<TagResult>>,
+    },
+    Stats {
+        reply: Reply<ShardStats>,
+    },
+    ForgetGroup {
+        topic: String,
+        group: String,
+        reply: Reply<()>,
+    },
 }
 
 /// Everything that crosses between two shards.
 pub enum ShardMsg {
     Request(Request),
     /// Deliveries for a sink on the receiving shard.
-    Deliver { sink: u64, deliveries: Vec<Delivery> },
+    Deliver {
+        sink: u64,
+        deliveries: Vec<Delivery>,
+    },
     /// A sink sent `n` deliveries to its client: the owner may send `n` more.
-    Credit { consumer: ConsumerId, n: usize },
+    Credit {
+        consumer: ConsumerId,
+        n: usize,
+    },
 }

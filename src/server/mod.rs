@@ -62,8 +62,11 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let listen = resolve_port(config.server.listen)?;
 
     // One bounded channel per ordered pair of shards.
-    let mut senders: Vec<Vec<Option<SharedSender<ShardMsg>>>> = (0..count).map(|_| (0..count).map(|_| None).collect()).collect();
-    let mut receivers: Vec<Vec<SharedReceiver<ShardMsg>>> = (0..count).map(|_| Vec::new()).collect();
+    let mut senders: Vec<Vec<Option<SharedSender<ShardMsg>>>> = (0..count)
+        .map(|_| (0..count).map(|_| None).collect())
+        .collect();
+    let mut receivers: Vec<Vec<SharedReceiver<ShardMsg>>> =
+        (0..count).map(|_| Vec::new()).collect();
     for (from, row) in senders.iter_mut().enumerate() {
         for (to, slot) in row.iter_mut().enumerate() {
             if from != to {
@@ -80,7 +83,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     };
     let (started_tx, started_rx) = mpsc::channel::<Result<Started, String>>();
     let mut handles = Vec::with_capacity(count);
-    for (shard_id, (peer_senders, peer_receivers)) in senders.into_iter().zip(receivers).enumerate() {
+    for (shard_id, (peer_senders, peer_receivers)) in senders.into_iter().zip(receivers).enumerate()
+    {
         let cpu = cpus[shard_id];
         let config = config.clone();
         let topology = topology.clone();
@@ -89,9 +93,22 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("pinq-shard-{shard_id}"))
             .spawn(move || async move {
-                shard_main(shard_id, count, config, topology, listen, own_addr, peer_senders, peer_receivers, started).await
+                shard_main(
+                    shard_id,
+                    count,
+                    config,
+                    topology,
+                    listen,
+                    own_addr,
+                    peer_senders,
+                    peer_receivers,
+                    started,
+                )
+                .await
             })
-            .with_context(|| format!("starting the executor of shard {shard_id} on CPU {cpu}"))?;
+            .map_err(|e| {
+                anyhow::anyhow!("starting the executor of shard {shard_id} on CPU {cpu}: {e}")
+            })?;
         handles.push(handle);
     }
     drop(started_tx);
@@ -166,6 +183,12 @@ async fn shard_main(
         Err(e) => return fail(format!("cannot listen on {own_addr}: {e}")),
     };
 
+    // Both ends of a channel wait for each other to connect: connect the receiving ends in
+    // their own tasks first, or two shards would wait on each other forever.
+    let receiving: Vec<_> = peer_receivers
+        .into_iter()
+        .map(|receiver| glommio::spawn_local(async move { receiver.connect().await }))
+        .collect();
     let mut peers = Vec::with_capacity(count);
     for sender in peer_senders {
         peers.push(match sender {
@@ -174,15 +197,24 @@ async fn shard_main(
         });
     }
     let mut inbound: Vec<ConnectedReceiver<ShardMsg>> = Vec::with_capacity(count);
-    for receiver in peer_receivers {
-        inbound.push(receiver.connect().await);
+    for task in receiving {
+        inbound.push(task.await);
     }
 
     let store = ShardStore::Memory(MemStore::new());
     let core = ShardCore::new(config.delivery.clone(), config.publish.clone(), now_ms());
     let (dispatcher, dispatcher_kicks) = Kick::new();
     let (deleter, deleter_kicks) = Kick::new();
-    let shard = Rc::new(Shard::new(shard_id, count, core, store, config.delivery.clone(), peers, dispatcher, deleter));
+    let shard = Rc::new(Shard::new(
+        shard_id,
+        count,
+        core,
+        store,
+        config.delivery.clone(),
+        peers,
+        dispatcher,
+        deleter,
+    ));
     if let Err(e) = drive::recover(&shard.core, &shard.store).await {
         return fail(format!("cannot recover: {e}"));
     }
@@ -193,7 +225,8 @@ async fn shard_main(
         "pinq-background",
     );
     glommio::spawn_local(shard.clone().dispatch_loop(dispatcher_kicks)).detach();
-    let _ = glommio::spawn_local_into(shard.clone().deleter_loop(deleter_kicks), background).map(|t| t.detach());
+    let _ = glommio::spawn_local_into(shard.clone().deleter_loop(deleter_kicks), background)
+        .map(|t| t.detach());
     let _ = glommio::spawn_local_into(shard.clone().janitor_loop(), background).map(|t| t.detach());
     for receiver in inbound {
         let shard = shard.clone();
@@ -207,7 +240,11 @@ async fn shard_main(
 
     let shared_addr = shared.local_addr().unwrap_or(listen);
     let own_bound = own.local_addr().unwrap_or(own_addr);
-    let _ = started.send(Ok(Started { shard: shard_id, shared: shared_addr, own: own_bound }));
+    let _ = started.send(Ok(Started {
+        shard: shard_id,
+        shared: shared_addr,
+        own: own_bound,
+    }));
     tracing::debug!(shard = shard_id, %shared_addr, %own_bound, "shard listening");
 
     let accept_own = {
@@ -218,11 +255,22 @@ async fn shard_main(
     futures_lite::future::zip(accept_loop(shard, topology, shared, false), accept_own).await;
 }
 
-async fn accept_loop(shard: Rc<Shard>, topology: Topology, listener: glommio::net::TcpListener, own_port: bool) {
+async fn accept_loop(
+    shard: Rc<Shard>,
+    topology: Topology,
+    listener: glommio::net::TcpListener,
+    own_port: bool,
+) {
     loop {
         match listener.accept().await {
             Ok(stream) => {
-                glommio::spawn_local(connection::serve(shard.clone(), topology.clone(), stream, own_port)).detach();
+                glommio::spawn_local(connection::serve(
+                    shard.clone(),
+                    topology.clone(),
+                    stream,
+                    own_port,
+                ))
+                .detach();
             }
             Err(e) => {
                 tracing::warn!(shard = shard.id, "accept failed: {e}");

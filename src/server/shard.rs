@@ -31,7 +31,9 @@ use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
 
 /// Wall-clock milliseconds; the core clamps them so shard time never goes back.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Deliveries waiting on a connection's shard for its client's `deliver` stream.
@@ -118,12 +120,22 @@ impl Shard {
 
     /// Sends a message to another shard, waiting while its channel is full.
     async fn send_to(&self, shard: usize, msg: ShardMsg) -> Result<(), String> {
-        let peer = self.peers.get(shard).and_then(Option::as_ref).ok_or_else(|| format!("no channel to shard {shard}"))?;
-        peer.send(msg).await.map_err(|_| format!("shard {shard} is not accepting messages"))
+        let peer = self
+            .peers
+            .get(shard)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| format!("no channel to shard {shard}"))?;
+        peer.send(msg)
+            .await
+            .map_err(|_| format!("shard {shard} is not accepting messages"))
     }
 
     /// Runs a request on the shard that owns it and waits for the reply.
-    pub async fn call<T>(self: &Rc<Self>, owner: usize, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, String> {
+    pub async fn call<T>(
+        self: &Rc<Self>,
+        owner: usize,
+        make: impl FnOnce(Reply<T>) -> Request,
+    ) -> Result<T, String> {
         let (tx, rx) = oneshot::channel();
         let request = make(tx);
         if owner == self.id {
@@ -131,7 +143,8 @@ impl Shard {
         } else {
             self.send_to(owner, ShardMsg::Request(request)).await?;
         }
-        rx.await.map_err(|_| format!("shard {owner} dropped the request"))?
+        rx.await
+            .map_err(|_| format!("shard {owner} dropped the request"))?
     }
 
     /// Sends a request that needs no reply.
@@ -146,15 +159,32 @@ impl Shard {
     /// Handles a request on its owning shard.
     pub async fn handle(self: &Rc<Self>, request: Request) {
         match request {
-            Request::Publish { messages, ack, reply } => {
-                let result = drive::publish(&self.core, &self.store, now_ms(), &messages, ack).await;
+            Request::Publish {
+                messages,
+                ack,
+                reply,
+            } => {
+                let result =
+                    drive::publish(&self.core, &self.store, now_ms(), &messages, ack).await;
                 self.dispatcher.kick();
                 let _ = reply.send(result.map_err(|e| e.to_string()));
             }
-            Request::Subscribe { topic, group, uuid, sink, credit, reply } => {
-                let result = self.core.borrow_mut().subscribe(now_ms(), &topic, &group, uuid);
+            Request::Subscribe {
+                topic,
+                group,
+                uuid,
+                sink,
+                credit,
+                reply,
+            } => {
+                let result = self
+                    .core
+                    .borrow_mut()
+                    .subscribe(now_ms(), &topic, &group, uuid);
                 if let Ok(consumer) = result {
-                    self.routes.borrow_mut().insert(consumer, Route { sink, credit });
+                    self.routes
+                        .borrow_mut()
+                        .insert(consumer, Route { sink, credit });
                 }
                 self.dispatcher.kick();
                 let _ = reply.send(result.map_err(|e| e.to_string()));
@@ -167,7 +197,12 @@ impl Shard {
                 self.dispatcher.kick();
                 self.deleter.kick();
             }
-            Request::Settle { consumer, op, tags, reply } => {
+            Request::Settle {
+                consumer,
+                op,
+                tags,
+                reply,
+            } => {
                 let tags: Vec<&[u8]> = tags.iter().map(|t| t.as_bytes().as_slice()).collect();
                 let now = now_ms();
                 let result = {
@@ -185,8 +220,15 @@ impl Shard {
             Request::Stats { reply } => {
                 let _ = reply.send(Ok(self.core.borrow().stats()));
             }
-            Request::ForgetGroup { topic, group, reply } => {
-                let result = self.core.borrow_mut().forget_group(now_ms(), &topic, &group);
+            Request::ForgetGroup {
+                topic,
+                group,
+                reply,
+            } => {
+                let result = self
+                    .core
+                    .borrow_mut()
+                    .forget_group(now_ms(), &topic, &group);
                 self.deleter.kick();
                 let _ = reply.send(result.map_err(|e| e.to_string()));
             }
@@ -211,7 +253,11 @@ impl Shard {
         let id = self.next_sink.get();
         self.next_sink.set(id + 1);
         let (notify, rx) = local_channel::new_bounded(1);
-        let sink = Rc::new(Sink { queue: RefCell::new(VecDeque::new()), notify, closed: Cell::new(false) });
+        let sink = Rc::new(Sink {
+            queue: RefCell::new(VecDeque::new()),
+            notify,
+            closed: Cell::new(false),
+        });
         self.sinks.borrow_mut().insert(id, sink.clone());
         (id, sink, rx)
     }
@@ -268,7 +314,16 @@ impl Shard {
         self.dispatcher.kick();
         if sink.shard == self.id {
             self.deliver_local(sink.sink, deliveries);
-        } else if let Err(e) = self.send_to(sink.shard, ShardMsg::Deliver { sink: sink.sink, deliveries }).await {
+        } else if let Err(e) = self
+            .send_to(
+                sink.shard,
+                ShardMsg::Deliver {
+                    sink: sink.sink,
+                    deliveries,
+                },
+            )
+            .await
+        {
             tracing::warn!(shard = self.id, "{e}");
         }
     }
@@ -298,9 +353,14 @@ impl Shard {
             let now = now_ms();
             if wake_at > now {
                 let sleep = glommio::timer::sleep(Duration::from_millis(wake_at - now));
-                futures_lite::future::or(async { sleep.await; }, async {
-                    let _ = kicks.recv().await;
-                })
+                futures_lite::future::or(
+                    async {
+                        sleep.await;
+                    },
+                    async {
+                        let _ = kicks.recv().await;
+                    },
+                )
                 .await;
             }
         }
@@ -321,9 +381,14 @@ impl Shard {
                 }
             }
             let sleep = glommio::timer::sleep(interval);
-            futures_lite::future::or(async { sleep.await; }, async {
-                let _ = kicks.recv().await;
-            })
+            futures_lite::future::or(
+                async {
+                    sleep.await;
+                },
+                async {
+                    let _ = kicks.recv().await;
+                },
+            )
             .await;
         }
     }
@@ -333,7 +398,10 @@ impl Shard {
         loop {
             let sleep_ms = self.delivery.ttl_sweep_interval_ms.min(1_000);
             glommio::timer::sleep(Duration::from_millis(sleep_ms)).await;
-            let swept = drive::sweep(&self.core, &self.store, now_ms(), || glommio::yield_if_needed()).await;
+            let swept = drive::sweep(&self.core, &self.store, now_ms(), || {
+                glommio::yield_if_needed()
+            })
+            .await;
             match swept {
                 Ok(true) => self.deleter.kick(),
                 Ok(false) => {}

@@ -18,7 +18,12 @@ impl Store for ShardStore {
         }
     }
 
-    async fn scan(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Result<Vec<(Key, Value)>, StoreError> {
+    async fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Key, Value)>, StoreError> {
         match self {
             ShardStore::Memory(s) => s.scan(start, end, limit).await,
         }
