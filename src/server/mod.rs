@@ -1,5 +1,281 @@
-//! (being built)
+//! The broker process: one glommio executor per configured CPU, each pinned to its CPU and
+//! running one shard (`shard.rs`), connected to every other shard by bounded channels
+//! (`mesh.rs`), accepting clients on the shared port (SO_REUSEPORT) and on its own port
+//! (`connection.rs`).
+//!
+//! `run` owns start-up and nothing else: it resolves ports, builds the channels, starts the
+//! executors, prints one line once every shard listens, and waits. A shard that cannot start
+//! (port taken, storage unreadable) stops the whole process with an error: no half-up broker.
 
-pub fn run(_config: crate::config::Config) -> anyhow::Result<()> {
-    anyhow::bail!("the server is not built yet")
+pub mod connection;
+pub mod mesh;
+pub mod shard;
+pub mod store;
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::rc::Rc;
+use std::sync::{mpsc, Arc, Mutex};
+
+use anyhow::Context;
+use glommio::channels::shared_channel::{self, ConnectedReceiver, SharedReceiver, SharedSender};
+use glommio::{LocalExecutorBuilder, Placement};
+
+use self::mesh::ShardMsg;
+use self::shard::{now_ms, Kick, Shard};
+use self::store::ShardStore;
+use crate::config::{Config, PublishConfig, StorageEngine};
+use crate::pipeline::{drive, ShardCore};
+use crate::rpc::ShardInfo;
+use crate::store::MemStore;
+
+/// Messages a cross-shard channel holds before its sender waits.
+const MESH_CHANNEL_LEN: usize = 1024;
+
+/// What every connection may need to know about the whole broker.
+#[derive(Clone)]
+pub struct Topology {
+    pub publish: PublishConfig,
+    shards: Arc<Mutex<Vec<ShardInfo>>>,
+}
+
+impl Topology {
+    pub fn shards(&self) -> Vec<ShardInfo> {
+        self.shards.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// Where a shard ended up listening.
+struct Started {
+    shard: usize,
+    shared: SocketAddr,
+    own: SocketAddr,
+}
+
+/// Runs the broker until the process is stopped.
+pub fn run(config: Config) -> anyhow::Result<()> {
+    let cpus: Vec<usize> = config.server.cpus.cpus().to_vec();
+    let count = cpus.len();
+    anyhow::ensure!(count > 0, "server.cpus selects no CPU");
+    if config.storage.engine == StorageEngine::Lsm {
+        tracing::warn!("storage.engine = \"lsm\" is not available in this build yet; using the in-memory store (nothing survives a restart)");
+    }
+    let listen = resolve_port(config.server.listen)?;
+
+    // One bounded channel per ordered pair of shards.
+    let mut senders: Vec<Vec<Option<SharedSender<ShardMsg>>>> = (0..count)
+        .map(|_| (0..count).map(|_| None).collect())
+        .collect();
+    let mut receivers: Vec<Vec<SharedReceiver<ShardMsg>>> =
+        (0..count).map(|_| Vec::new()).collect();
+    for (from, row) in senders.iter_mut().enumerate() {
+        for (to, slot) in row.iter_mut().enumerate() {
+            if from != to {
+                let (tx, rx) = shared_channel::new_bounded(MESH_CHANNEL_LEN);
+                *slot = Some(tx);
+                receivers[to].push(rx);
+            }
+        }
+    }
+
+    let topology = Topology {
+        publish: config.publish.clone(),
+        shards: Arc::new(Mutex::new(Vec::new())),
+    };
+    let (started_tx, started_rx) = mpsc::channel::<Result<Started, String>>();
+    let mut handles = Vec::with_capacity(count);
+    for (shard_id, (peer_senders, peer_receivers)) in senders.into_iter().zip(receivers).enumerate()
+    {
+        let cpu = cpus[shard_id];
+        let config = config.clone();
+        let topology = topology.clone();
+        let started = started_tx.clone();
+        let own_addr = config.server.shard_listen(shard_id);
+        let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+            .name(&format!("pinq-shard-{shard_id}"))
+            .spawn(move || async move {
+                shard_main(
+                    shard_id,
+                    count,
+                    config,
+                    topology,
+                    listen,
+                    own_addr,
+                    peer_senders,
+                    peer_receivers,
+                    started,
+                )
+                .await
+            })
+            .map_err(|e| {
+                anyhow::anyhow!("starting the executor of shard {shard_id} on CPU {cpu}: {e}")
+            })?;
+        handles.push(handle);
+    }
+    drop(started_tx);
+
+    let mut shards = Vec::with_capacity(count);
+    for _ in 0..count {
+        match started_rx.recv() {
+            Ok(Ok(started)) => shards.push(started),
+            Ok(Err(e)) => anyhow::bail!(e),
+            Err(_) => anyhow::bail!("a shard stopped during start-up"),
+        }
+    }
+    shards.sort_by_key(|s| s.shard);
+    if let Ok(mut list) = topology.shards.lock() {
+        *list = shards
+            .iter()
+            .map(|s| ShardInfo {
+                shard_id: s.shard as u32,
+                host: s.own.ip().to_string(),
+                port: s.own.port(),
+                cpu: cpus[s.shard] as u32,
+            })
+            .collect();
+    }
+    let ports: Vec<String> = shards.iter().map(|s| s.own.port().to_string()).collect();
+    println!(
+        "pinq listening on {} with {count} shard(s) on CPUs {:?}; shard ports {}",
+        shards[0].shared,
+        cpus,
+        ports.join(",")
+    );
+    tracing::info!(listen = %shards[0].shared, shards = count, "pinq is serving");
+
+    for handle in handles {
+        if let Err(e) = handle.join() {
+            anyhow::bail!("a shard failed: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// Port 0 means "any free port": pick one here so that every shard binds the same one.
+fn resolve_port(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+    if addr.port() != 0 {
+        return Ok(addr);
+    }
+    let probe = StdListener::bind(addr).with_context(|| format!("binding {addr}"))?;
+    Ok(probe.local_addr()?)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn shard_main(
+    shard_id: usize,
+    count: usize,
+    config: Config,
+    topology: Topology,
+    listen: SocketAddr,
+    own_addr: SocketAddr,
+    peer_senders: Vec<Option<SharedSender<ShardMsg>>>,
+    peer_receivers: Vec<SharedReceiver<ShardMsg>>,
+    started: mpsc::Sender<Result<Started, String>>,
+) {
+    let fail = |e: String| {
+        let _ = started.send(Err(format!("shard {shard_id}: {e}")));
+    };
+    let shared = match glommio::net::TcpListener::bind(listen) {
+        Ok(l) => l,
+        Err(e) => return fail(format!("cannot listen on {listen}: {e}")),
+    };
+    let own = match glommio::net::TcpListener::bind(own_addr) {
+        Ok(l) => l,
+        Err(e) => return fail(format!("cannot listen on {own_addr}: {e}")),
+    };
+
+    // Both ends of a channel wait for each other to connect: connect the receiving ends in
+    // their own tasks first, or two shards would wait on each other forever.
+    let receiving: Vec<_> = peer_receivers
+        .into_iter()
+        .map(|receiver| glommio::spawn_local(async move { receiver.connect().await }))
+        .collect();
+    let mut peers = Vec::with_capacity(count);
+    for sender in peer_senders {
+        peers.push(match sender {
+            Some(s) => Some(s.connect().await),
+            None => None,
+        });
+    }
+    let mut inbound: Vec<ConnectedReceiver<ShardMsg>> = Vec::with_capacity(count);
+    for task in receiving {
+        inbound.push(task.await);
+    }
+
+    let store = ShardStore::Memory(MemStore::new());
+    let core = ShardCore::new(config.delivery.clone(), config.publish.clone(), now_ms());
+    let (dispatcher, dispatcher_kicks) = Kick::new();
+    let (deleter, deleter_kicks) = Kick::new();
+    let shard = Rc::new(Shard::new(
+        shard_id,
+        count,
+        core,
+        store,
+        config.delivery.clone(),
+        peers,
+        dispatcher,
+        deleter,
+    ));
+    if let Err(e) = drive::recover(&shard.core, &shard.store).await {
+        return fail(format!("cannot recover: {e}"));
+    }
+
+    let background = glommio::executor().create_task_queue(
+        glommio::Shares::Static(100),
+        glommio::Latency::NotImportant,
+        "pinq-background",
+    );
+    glommio::spawn_local(shard.clone().dispatch_loop(dispatcher_kicks)).detach();
+    let _ = glommio::spawn_local_into(shard.clone().deleter_loop(deleter_kicks), background)
+        .map(|t| t.detach());
+    let _ = glommio::spawn_local_into(shard.clone().janitor_loop(), background).map(|t| t.detach());
+    for receiver in inbound {
+        let shard = shard.clone();
+        glommio::spawn_local(async move {
+            while let Some(msg) = receiver.recv().await {
+                shard.on_message(msg).await;
+            }
+        })
+        .detach();
+    }
+
+    let shared_addr = shared.local_addr().unwrap_or(listen);
+    let own_bound = own.local_addr().unwrap_or(own_addr);
+    let _ = started.send(Ok(Started {
+        shard: shard_id,
+        shared: shared_addr,
+        own: own_bound,
+    }));
+    tracing::debug!(shard = shard_id, %shared_addr, %own_bound, "shard listening");
+
+    let accept_own = {
+        let shard = shard.clone();
+        let topology = topology.clone();
+        async move { accept_loop(shard, topology, own, true).await }
+    };
+    futures_lite::future::zip(accept_loop(shard, topology, shared, false), accept_own).await;
+}
+
+async fn accept_loop(
+    shard: Rc<Shard>,
+    topology: Topology,
+    listener: glommio::net::TcpListener,
+    own_port: bool,
+) {
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                glommio::spawn_local(connection::serve(
+                    shard.clone(),
+                    topology.clone(),
+                    stream,
+                    own_port,
+                ))
+                .detach();
+            }
+            Err(e) => {
+                tracing::warn!(shard = shard.id, "accept failed: {e}");
+                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    }
 }

@@ -1,0 +1,489 @@
+//! One client connection: the Cap'n Proto `Broker` and `Subscription` capabilities, served on
+//! the shard that accepted the connection.
+//!
+//! Requests for topics owned by another shard cross to it ([`Shard::call`]); deliveries for this
+//! connection's subscriptions arrive in local sinks and are streamed to the client with
+//! `Consumer.deliver`, whose flow control paces them. Bad input becomes a `failed` exception that
+//! names the problem; garbage bytes end the connection. Neither affects other connections.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::rc::Rc;
+
+use capnp::capability::Rc as CapRc;
+use capnp_rpc::rpc_twoparty_capnp::Side;
+use capnp_rpc::{twoparty, RpcSystem};
+use futures_lite::io::{BufReader, BufWriter};
+use glommio::channels::local_channel::LocalReceiver;
+use glommio::net::TcpStream;
+
+use super::mesh::{Request, SettleOp, SinkAddr};
+use super::shard::{Shard, Sink};
+use super::Topology;
+use crate::key::{EventKey, TopicHash};
+use crate::message::Header;
+use crate::pipeline::{self, ConsumerId, TagResult};
+use crate::rpc::pinq_capnp::{broker, consumer, subscription, TagResult as WireTagResult};
+use crate::rpc::{self, OutgoingDelivery, PublishLimits, WireError};
+
+/// Deliveries per `deliver` call.
+const DELIVER_BATCH_MAX: usize = 256;
+
+/// Serves one accepted connection until it closes.
+pub async fn serve(shard: Rc<Shard>, topology: Topology, stream: TcpStream, own_port: bool) {
+    let _ = stream.set_nodelay(true);
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let (reader, writer) = futures_lite::io::split(stream);
+    let network = twoparty::VatNetwork::new(
+        BufReader::new(reader),
+        BufWriter::new(writer),
+        Side::Server,
+        capnp::message::ReaderOptions::new(),
+    );
+    let broker: broker::Client = capnp_rpc::new_client(BrokerImpl {
+        shard,
+        topology,
+        own_port,
+    });
+    let rpc = RpcSystem::new(Box::new(network), Some(broker.client));
+    if let Err(e) = rpc.await {
+        tracing::debug!(peer, "connection closed: {e}");
+    }
+}
+
+struct BrokerImpl {
+    shard: Rc<Shard>,
+    topology: Topology,
+    own_port: bool,
+}
+
+fn failed(message: impl Into<String>) -> capnp::Error {
+    capnp::Error::failed(message.into())
+}
+
+fn wire(e: WireError) -> capnp::Error {
+    e.into_capnp()
+}
+
+fn to_wire(result: TagResult) -> WireTagResult {
+    match result {
+        TagResult::Ok => WireTagResult::Ok,
+        TagResult::UnknownTag => WireTagResult::UnknownTag,
+        TagResult::NotHolder => WireTagResult::NotHolder,
+        TagResult::AlreadyAcked => WireTagResult::AlreadyAcked,
+        TagResult::Malformed => WireTagResult::Malformed,
+    }
+}
+
+impl broker::Server for BrokerImpl {
+    async fn hello(
+        self: CapRc<Self>,
+        params: broker::HelloParams,
+        mut results: broker::HelloResults,
+    ) -> Result<(), capnp::Error> {
+        let client_version = params.get()?.get_client_version();
+        if client_version == 0 {
+            return Err(failed("hello: clientVersion 0 is not a version"));
+        }
+        let mut reply = results.get();
+        reply.set_server_version(rpc::PROTOCOL_VERSION);
+        reply.set_shard_count(self.shard.count as u32);
+        reply.set_shard_id(if self.own_port {
+            self.shard.id as u32
+        } else {
+            rpc::ANY_SHARD
+        });
+        Ok(())
+    }
+
+    async fn publish(
+        self: CapRc<Self>,
+        params: broker::PublishParams,
+        mut results: broker::PublishResults,
+    ) -> Result<(), capnp::Error> {
+        let (ack, by_shard, len) = {
+            let params = params.get()?;
+            let ack = rpc::read_ack_level(params.get_ack_level()).map_err(wire)?;
+            let limits = PublishLimits::from(&self.topology.publish);
+            let batch = rpc::read_publish_batch(params.get_messages()?, &limits).map_err(wire)?;
+            // Split by owning shard, remembering each message's place for the reply.
+            let mut by_shard: Vec<(Vec<usize>, Vec<pipeline::PublishMessage>)> =
+                (0..self.shard.count)
+                    .map(|_| (Vec::new(), Vec::new()))
+                    .collect();
+            for (index, m) in batch.iter().enumerate() {
+                let owner = TopicHash::of(m.topic).shard(self.shard.count);
+                by_shard[owner].0.push(index);
+                by_shard[owner].1.push(pipeline::PublishMessage {
+                    topic: m.topic.to_owned(),
+                    payload: m.payload.to_vec(),
+                    delay_ms: m.delay_ms.min(i64::MAX as u64) as i64,
+                    ttl_ms: m.ttl_ms.min(i64::MAX as u64) as i64,
+                    headers: m
+                        .headers
+                        .iter()
+                        .map(|h| Header {
+                            key: h.key.to_owned(),
+                            value: h.value.to_vec(),
+                        })
+                        .collect(),
+                });
+            }
+            (ack, by_shard, batch.len())
+        };
+        let mut tags = vec![EventKey::new(TopicHash(0), 0, 0); len];
+        for (owner, (places, messages)) in by_shard.into_iter().enumerate() {
+            if messages.is_empty() {
+                continue;
+            }
+            let shard_tags = self
+                .shard
+                .call(owner, |reply| Request::Publish {
+                    messages,
+                    ack,
+                    reply,
+                })
+                .await
+                .map_err(|e| failed(format!("publish: {e}")))?;
+            for (place, tag) in places.into_iter().zip(shard_tags) {
+                tags[place] = tag;
+            }
+        }
+        rpc::write_tags(results.get().init_tags(tags.len() as u32), &tags);
+        Ok(())
+    }
+
+    async fn subscribe(
+        self: CapRc<Self>,
+        params: broker::SubscribeParams,
+        mut results: broker::SubscribeResults,
+    ) -> Result<(), capnp::Error> {
+        let (topic, group, consumer_cap, queue_size) = {
+            let params = params.get()?;
+            let topic = params
+                .get_topic()?
+                .to_str()
+                .map_err(|_| failed("subscribe: topic is not UTF-8"))?
+                .to_owned();
+            let group = params
+                .get_group()?
+                .to_str()
+                .map_err(|_| failed("subscribe: group is not UTF-8"))?
+                .to_owned();
+            (
+                topic,
+                group,
+                params.get_consumer()?,
+                params.get_queue_size() as usize,
+            )
+        };
+        crate::key::validate_topic(&topic).map_err(|e| failed(format!("subscribe: topic: {e}")))?;
+        if group.len() > crate::key::TOPIC_LEN_MAX {
+            return Err(failed(format!(
+                "subscribe: group is {} bytes, the limit is 255",
+                group.len()
+            )));
+        }
+        let bound = self.shard.delivery.consumer_queue_len_max;
+        let credit = if queue_size == 0 {
+            bound
+        } else {
+            queue_size.min(bound)
+        };
+        let owner = TopicHash::of(&topic).shard(self.shard.count);
+        let (sink_id, sink, notify) = self.shard.open_sink();
+        let uuid = uuid::Uuid::new_v4();
+        let sink_addr = SinkAddr {
+            shard: self.shard.id,
+            sink: sink_id,
+        };
+        let consumer = match self
+            .shard
+            .call(owner, |reply| Request::Subscribe {
+                topic,
+                group,
+                uuid,
+                sink: sink_addr,
+                credit,
+                reply,
+            })
+            .await
+        {
+            Ok(consumer) => consumer,
+            Err(e) => {
+                self.shard.close_sink(sink_id);
+                return Err(failed(format!("subscribe: {e}")));
+            }
+        };
+        glommio::spawn_local(forward(
+            self.shard.clone(),
+            owner,
+            consumer,
+            sink.clone(),
+            notify,
+            consumer_cap,
+        ))
+        .detach();
+        let handle = SubscriptionImpl {
+            shard: self.shard.clone(),
+            owner,
+            consumer,
+            sink_id,
+            sink,
+            closed: Cell::new(false),
+        };
+        let mut reply = results.get();
+        reply.set_subscription(capnp_rpc::new_client(handle));
+        reply.set_consumer_id(uuid.as_bytes());
+        Ok(())
+    }
+
+    fn topology(
+        self: CapRc<Self>,
+        _: broker::TopologyParams,
+        mut results: broker::TopologyResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        let shards = self.topology.shards();
+        rpc::write_topology(results.get().init_shards(shards.len() as u32), &shards);
+        std::future::ready(Ok(()))
+    }
+
+    async fn stats(
+        self: CapRc<Self>,
+        _: broker::StatsParams,
+        mut results: broker::StatsResults,
+    ) -> Result<(), capnp::Error> {
+        let mut stats = rpc::Stats::default();
+        for owner in 0..self.shard.count {
+            let s = self
+                .shard
+                .call(owner, |reply| Request::Stats { reply })
+                .await
+                .map_err(failed)?;
+            let c = &s.counters;
+            stats.shards.push(rpc::ShardStats {
+                shard_id: owner as u32,
+                published: c.published_total,
+                dispatched: c.dispatched_total,
+                acked: c.acked_total,
+                nacked: c.nacked_total,
+                in_flight: s.in_flight as u64,
+                active_consumers: s.active_consumers as u64,
+                redeliveries: c.redeliveries_timeout_total
+                    + c.redeliveries_nack_total
+                    + c.redeliveries_disconnect_total,
+                expired: c.expired_dispatcher_total + c.expired_janitor_total,
+                delete_failures: s.delete_failures_total,
+                backlog: s.pending_copies as u64,
+            });
+        }
+        rpc::write_stats(results.get().init_stats(), &stats).map_err(wire)
+    }
+
+    async fn forget_group(
+        self: CapRc<Self>,
+        params: broker::ForgetGroupParams,
+        _: broker::ForgetGroupResults,
+    ) -> Result<(), capnp::Error> {
+        let (topic, group) = {
+            let params = params.get()?;
+            let topic = params
+                .get_topic()?
+                .to_str()
+                .map_err(|_| failed("forgetGroup: topic is not UTF-8"))?
+                .to_owned();
+            let group = params
+                .get_group()?
+                .to_str()
+                .map_err(|_| failed("forgetGroup: group is not UTF-8"))?
+                .to_owned();
+            (topic, group)
+        };
+        crate::key::validate_topic(&topic)
+            .map_err(|e| failed(format!("forgetGroup: topic: {e}")))?;
+        let owner = TopicHash::of(&topic).shard(self.shard.count);
+        self.shard
+            .call(owner, |reply| Request::ForgetGroup {
+                topic,
+                group,
+                reply,
+            })
+            .await
+            .map_err(|e| failed(format!("forgetGroup: {e}")))
+    }
+}
+
+/// Streams a sink's deliveries to the client's `Consumer`, returning credit as batches go out.
+async fn forward(
+    shard: Rc<Shard>,
+    owner: usize,
+    consumer_id: ConsumerId,
+    sink: Rc<Sink>,
+    notify: LocalReceiver<()>,
+    consumer: consumer::Client,
+) {
+    loop {
+        if sink.closed.get() {
+            return;
+        }
+        let batch: Vec<pipeline::Delivery> = {
+            let mut queue = sink.queue.borrow_mut();
+            let n = queue.len().min(DELIVER_BATCH_MAX);
+            queue.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            if notify.recv().await.is_none() {
+                return;
+            }
+            continue;
+        }
+        let mut request = consumer.deliver_request();
+        {
+            let outgoing: Vec<OutgoingDelivery<'_, crate::message::ArchivedStoredMessage>> = batch
+                .iter()
+                .filter_map(|d| {
+                    d.value.message().ok().map(|message| OutgoingDelivery {
+                        tag: d.key,
+                        message,
+                        attempt: d.attempt,
+                    })
+                })
+                .collect();
+            let list = request.get().init_deliveries(outgoing.len() as u32);
+            rpc::write_deliveries(list, &outgoing);
+        }
+        let n = batch.len();
+        drop(batch);
+        if let Err(e) = request.send().await {
+            tracing::debug!("deliver failed, closing the subscription's stream: {e}");
+            sink.close();
+            return;
+        }
+        shard.return_credit(owner, consumer_id, n).await;
+    }
+}
+
+struct SubscriptionImpl {
+    shard: Rc<Shard>,
+    owner: usize,
+    consumer: ConsumerId,
+    sink_id: u64,
+    sink: Rc<Sink>,
+    closed: Cell<bool>,
+}
+
+impl SubscriptionImpl {
+    async fn settle(
+        &self,
+        op: SettleOp,
+        tags: capnp::data_list::Reader<'_>,
+    ) -> Result<Vec<TagResult>, capnp::Error> {
+        if self.closed.get() {
+            return Err(failed("subscription is closed"));
+        }
+        let mut results = vec![TagResult::Malformed; tags.len() as usize];
+        let mut places = Vec::with_capacity(tags.len() as usize);
+        let mut keys = Vec::with_capacity(tags.len() as usize);
+        for i in 0..tags.len() {
+            if let Ok(key) = rpc::parse_tag(tags, i) {
+                places.push(i as usize);
+                keys.push(key);
+            }
+        }
+        if !keys.is_empty() {
+            let consumer = self.consumer;
+            let settled = self
+                .shard
+                .call(self.owner, |reply| Request::Settle {
+                    consumer,
+                    op,
+                    tags: keys,
+                    reply,
+                })
+                .await
+                .map_err(failed)?;
+            for (place, result) in places.into_iter().zip(settled) {
+                results[place] = result;
+            }
+        }
+        Ok(results)
+    }
+
+    fn close_now(&self) {
+        if self.closed.replace(true) {
+            return;
+        }
+        self.shard.close_sink(self.sink_id);
+        self.sink.close();
+        let shard = self.shard.clone();
+        let (owner, consumer) = (self.owner, self.consumer);
+        glommio::spawn_local(
+            async move { shard.tell(owner, Request::Unsubscribe { consumer }).await },
+        )
+        .detach();
+    }
+}
+
+impl Drop for SubscriptionImpl {
+    fn drop(&mut self) {
+        // Dropping the capability (or losing the connection) is a disconnect.
+        self.close_now();
+    }
+}
+
+fn write_results(list: capnp::enum_list::Builder<'_, WireTagResult>, results: &[TagResult]) {
+    let wire_results: Vec<WireTagResult> = results.iter().map(|r| to_wire(*r)).collect();
+    rpc::write_tag_results(list, &wire_results);
+}
+
+impl subscription::Server for SubscriptionImpl {
+    async fn ack(
+        self: CapRc<Self>,
+        params: subscription::AckParams,
+        mut results: subscription::AckResults,
+    ) -> Result<(), capnp::Error> {
+        let outcome = self
+            .settle(SettleOp::Ack, params.get()?.get_tags()?)
+            .await?;
+        write_results(results.get().init_results(outcome.len() as u32), &outcome);
+        Ok(())
+    }
+
+    async fn nack(
+        self: CapRc<Self>,
+        params: subscription::NackParams,
+        mut results: subscription::NackResults,
+    ) -> Result<(), capnp::Error> {
+        let params = params.get()?;
+        let delay_ms = params.get_delay_ms();
+        let outcome = self
+            .settle(SettleOp::Nack { delay_ms }, params.get_tags()?)
+            .await?;
+        write_results(results.get().init_results(outcome.len() as u32), &outcome);
+        Ok(())
+    }
+
+    async fn touch(
+        self: CapRc<Self>,
+        params: subscription::TouchParams,
+        mut results: subscription::TouchResults,
+    ) -> Result<(), capnp::Error> {
+        let outcome = self
+            .settle(SettleOp::Touch, params.get()?.get_tags()?)
+            .await?;
+        write_results(results.get().init_results(outcome.len() as u32), &outcome);
+        Ok(())
+    }
+
+    fn close(
+        self: CapRc<Self>,
+        _: subscription::CloseParams,
+        _: subscription::CloseResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.close_now();
+        std::future::ready(Ok(()))
+    }
+}

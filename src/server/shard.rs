@@ -1,0 +1,417 @@
+//! One shard's shell: the glommio tasks that drive its [`ShardCore`] and store, and the routing
+//! of requests, deliveries and credits between shards.
+//!
+//! Tasks of a shard (all on its pinned core, sharing one `Rc<Shard>`):
+//! - the dispatch loop (default queue): runs passes, routes deliveries to sinks, then sleeps until
+//!   the core's next wake-up or a kick (publish, subscribe, ACK, credit);
+//! - the deleter and janitor loops (background queue, lower shares): flush delete batches and
+//!   sweep for expired messages without starving dispatch;
+//! - one receive loop per peer shard, handling its [`ShardMsg`]s;
+//! - accept loops and one RPC system per connection (`super::connection`).
+//!
+//! Flow control: a consumer's deliveries go to a *sink* on the shard of its connection. The owner
+//! drains the consumer's hub queue only up to the sink's credit; the sink returns credit once the
+//! client's `deliver` stream has taken the batch. A slow client therefore fills its hub queue and
+//! the dispatcher skips it, as PRODUCT.md §1 asks; nothing in between is unbounded.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ahash::AHashMap;
+use futures_channel::oneshot;
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
+use glommio::channels::shared_channel::ConnectedSender;
+
+use super::mesh::{Reply, Request, SettleOp, ShardMsg, SinkAddr};
+use super::store::ShardStore;
+use crate::config::DeliveryConfig;
+use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
+
+/// Wall-clock milliseconds; the core clamps them so shard time never goes back.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Deliveries waiting on a connection's shard for its client's `deliver` stream.
+pub struct Sink {
+    pub queue: RefCell<VecDeque<Delivery>>,
+    notify: LocalSender<()>,
+    pub closed: Cell<bool>,
+}
+
+impl Sink {
+    pub fn push(&self, deliveries: Vec<Delivery>) {
+        self.queue.borrow_mut().extend(deliveries);
+        let _ = self.notify.try_send(());
+    }
+
+    pub fn close(&self) {
+        self.closed.set(true);
+        let _ = self.notify.try_send(());
+    }
+}
+
+/// The owner's view of where a consumer's deliveries go.
+struct Route {
+    sink: SinkAddr,
+    credit: usize,
+}
+
+/// A notifier that coalesces kicks: at most one wake-up waits.
+pub struct Kick {
+    tx: LocalSender<()>,
+}
+
+impl Kick {
+    pub fn new() -> (Kick, LocalReceiver<()>) {
+        let (tx, rx) = local_channel::new_bounded(1);
+        (Kick { tx }, rx)
+    }
+
+    pub fn kick(&self) {
+        let _ = self.tx.try_send(());
+    }
+}
+
+pub struct Shard {
+    pub id: usize,
+    pub count: usize,
+    pub core: RefCell<ShardCore>,
+    pub store: ShardStore,
+    pub delivery: DeliveryConfig,
+    peers: Vec<Option<ConnectedSender<ShardMsg>>>,
+    sinks: RefCell<AHashMap<u64, Rc<Sink>>>,
+    next_sink: Cell<u64>,
+    routes: RefCell<AHashMap<ConsumerId, Route>>,
+    dispatcher: Kick,
+    deleter: Kick,
+}
+
+impl Shard {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: usize,
+        count: usize,
+        core: ShardCore,
+        store: ShardStore,
+        delivery: DeliveryConfig,
+        peers: Vec<Option<ConnectedSender<ShardMsg>>>,
+        dispatcher: Kick,
+        deleter: Kick,
+    ) -> Shard {
+        Shard {
+            id,
+            count,
+            core: RefCell::new(core),
+            store,
+            delivery,
+            peers,
+            sinks: RefCell::new(AHashMap::new()),
+            next_sink: Cell::new(1),
+            routes: RefCell::new(AHashMap::new()),
+            dispatcher,
+            deleter,
+        }
+    }
+
+    /// Sends a message to another shard, waiting while its channel is full.
+    async fn send_to(&self, shard: usize, msg: ShardMsg) -> Result<(), String> {
+        let peer = self
+            .peers
+            .get(shard)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| format!("no channel to shard {shard}"))?;
+        peer.send(msg)
+            .await
+            .map_err(|_| format!("shard {shard} is not accepting messages"))
+    }
+
+    /// Runs a request on the shard that owns it and waits for the reply.
+    pub async fn call<T>(
+        self: &Rc<Self>,
+        owner: usize,
+        make: impl FnOnce(Reply<T>) -> Request,
+    ) -> Result<T, String> {
+        let (tx, rx) = oneshot::channel();
+        let request = make(tx);
+        if owner == self.id {
+            self.handle(request).await;
+        } else {
+            self.send_to(owner, ShardMsg::Request(request)).await?;
+        }
+        rx.await
+            .map_err(|_| format!("shard {owner} dropped the request"))?
+    }
+
+    /// Sends a request that needs no reply.
+    pub async fn tell(self: &Rc<Self>, owner: usize, request: Request) {
+        if owner == self.id {
+            self.handle(request).await;
+        } else if let Err(e) = self.send_to(owner, ShardMsg::Request(request)).await {
+            tracing::warn!(shard = self.id, "{e}");
+        }
+    }
+
+    /// Handles a request on its owning shard.
+    pub async fn handle(self: &Rc<Self>, request: Request) {
+        match request {
+            Request::Publish {
+                messages,
+                ack,
+                reply,
+            } => {
+                let result =
+                    drive::publish(&self.core, &self.store, now_ms(), &messages, ack).await;
+                self.dispatcher.kick();
+                let _ = reply.send(result.map_err(|e| e.to_string()));
+            }
+            Request::Subscribe {
+                topic,
+                group,
+                uuid,
+                sink,
+                credit,
+                reply,
+            } => {
+                let result = self
+                    .core
+                    .borrow_mut()
+                    .subscribe(now_ms(), &topic, &group, uuid);
+                if let Ok(consumer) = result {
+                    self.routes
+                        .borrow_mut()
+                        .insert(consumer, Route { sink, credit });
+                }
+                self.dispatcher.kick();
+                let _ = reply.send(result.map_err(|e| e.to_string()));
+            }
+            Request::Unsubscribe { consumer } => {
+                self.routes.borrow_mut().remove(&consumer);
+                if let Err(e) = self.core.borrow_mut().unsubscribe(now_ms(), consumer) {
+                    tracing::debug!(shard = self.id, "unsubscribe: {e}");
+                }
+                self.dispatcher.kick();
+                self.deleter.kick();
+            }
+            Request::Settle {
+                consumer,
+                op,
+                tags,
+                reply,
+            } => {
+                let tags: Vec<&[u8]> = tags.iter().map(|t| t.as_bytes().as_slice()).collect();
+                let now = now_ms();
+                let result = {
+                    let mut core = self.core.borrow_mut();
+                    match op {
+                        SettleOp::Ack => core.ack(now, consumer, &tags),
+                        SettleOp::Nack { delay_ms } => core.nack(now, consumer, &tags, delay_ms),
+                        SettleOp::Touch => core.touch(now, consumer, &tags),
+                    }
+                };
+                self.dispatcher.kick();
+                self.deleter.kick();
+                let _ = reply.send(result.map_err(|e| e.to_string()));
+            }
+            Request::Stats { reply } => {
+                let _ = reply.send(Ok(self.core.borrow().stats()));
+            }
+            Request::ForgetGroup {
+                topic,
+                group,
+                reply,
+            } => {
+                let result = self
+                    .core
+                    .borrow_mut()
+                    .forget_group(now_ms(), &topic, &group);
+                self.deleter.kick();
+                let _ = reply.send(result.map_err(|e| e.to_string()));
+            }
+        }
+    }
+
+    /// Handles a message from another shard.
+    pub async fn on_message(self: &Rc<Self>, msg: ShardMsg) {
+        match msg {
+            ShardMsg::Request(request) => {
+                let shard = self.clone();
+                glommio::spawn_local(async move { shard.handle(request).await }).detach();
+            }
+            ShardMsg::Deliver { sink, deliveries } => self.deliver_local(sink, deliveries),
+            ShardMsg::Credit { consumer, n } => self.add_credit(consumer, n).await,
+        }
+    }
+
+    // ---- sinks (connection side) ---------------------------------------------------------
+
+    pub fn open_sink(&self) -> (u64, Rc<Sink>, LocalReceiver<()>) {
+        let id = self.next_sink.get();
+        self.next_sink.set(id + 1);
+        let (notify, rx) = local_channel::new_bounded(1);
+        let sink = Rc::new(Sink {
+            queue: RefCell::new(VecDeque::new()),
+            notify,
+            closed: Cell::new(false),
+        });
+        self.sinks.borrow_mut().insert(id, sink.clone());
+        (id, sink, rx)
+    }
+
+    pub fn close_sink(&self, id: u64) {
+        if let Some(sink) = self.sinks.borrow_mut().remove(&id) {
+            sink.close();
+        }
+    }
+
+    fn deliver_local(&self, sink: u64, deliveries: Vec<Delivery>) {
+        // A sink closed meanwhile drops the batch: its consumer is being unsubscribed, which
+        // releases the copies on the owner.
+        if let Some(sink) = self.sinks.borrow().get(&sink) {
+            sink.push(deliveries);
+        }
+    }
+
+    /// The sink sent `n` deliveries on: return the credit to the owner.
+    pub async fn return_credit(self: &Rc<Self>, owner: usize, consumer: ConsumerId, n: usize) {
+        if owner == self.id {
+            self.add_credit(consumer, n).await;
+        } else if let Err(e) = self.send_to(owner, ShardMsg::Credit { consumer, n }).await {
+            tracing::warn!(shard = self.id, "{e}");
+        }
+    }
+
+    // ---- routing deliveries (owner side) -------------------------------------------------
+
+    async fn add_credit(self: &Rc<Self>, consumer: ConsumerId, n: usize) {
+        if let Some(route) = self.routes.borrow_mut().get_mut(&consumer) {
+            route.credit += n;
+        }
+        self.pump(consumer).await;
+    }
+
+    /// Moves a consumer's queued deliveries to its sink, within credit.
+    async fn pump(self: &Rc<Self>, consumer: ConsumerId) {
+        let (sink, credit) = match self.routes.borrow().get(&consumer) {
+            Some(route) => (route.sink, route.credit),
+            None => return,
+        };
+        if credit == 0 {
+            return;
+        }
+        let deliveries = self.core.borrow_mut().drain(now_ms(), consumer, credit);
+        if deliveries.is_empty() {
+            return;
+        }
+        if let Some(route) = self.routes.borrow_mut().get_mut(&consumer) {
+            route.credit -= deliveries.len();
+        }
+        // Room in the hub queue again: the dispatcher may have skipped this consumer.
+        self.dispatcher.kick();
+        if sink.shard == self.id {
+            self.deliver_local(sink.sink, deliveries);
+        } else if let Err(e) = self
+            .send_to(
+                sink.shard,
+                ShardMsg::Deliver {
+                    sink: sink.sink,
+                    deliveries,
+                },
+            )
+            .await
+        {
+            tracing::warn!(shard = self.id, "{e}");
+        }
+    }
+
+    // ---- loops ---------------------------------------------------------------------------
+
+    /// The dispatch loop: passes, routing, then sleep until the next wake-up or a kick.
+    pub async fn dispatch_loop(self: Rc<Self>, kicks: LocalReceiver<()>) {
+        loop {
+            let now = now_ms();
+            let productive = match drive::dispatch_pass(&self.core, &self.store, now).await {
+                Ok(productive) => productive,
+                Err(e) => {
+                    tracing::error!(shard = self.id, "dispatch pass failed: {e}");
+                    false
+                }
+            };
+            let ready = self.core.borrow_mut().take_ready();
+            for consumer in ready {
+                self.pump(consumer).await;
+            }
+            if productive {
+                glommio::yield_if_needed().await;
+                continue;
+            }
+            let wake_at = self.core.borrow().next_wake_ms();
+            let now = now_ms();
+            if wake_at > now {
+                let sleep = glommio::timer::sleep(Duration::from_millis(wake_at - now));
+                futures_lite::future::or(
+                    async {
+                        sleep.await;
+                    },
+                    async {
+                        let _ = kicks.recv().await;
+                    },
+                )
+                .await;
+            }
+        }
+    }
+
+    /// The deleter loop: flushes delete batches on the interval, or at once when one is full.
+    pub async fn deleter_loop(self: Rc<Self>, kicks: LocalReceiver<()>) {
+        let interval = Duration::from_millis(self.delivery.delete_batch_interval_ms);
+        loop {
+            loop {
+                match drive::flush_deletes(&self.core, &self.store, now_ms()).await {
+                    Ok(true) => glommio::yield_if_needed().await,
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::warn!(shard = self.id, "delete flush failed, will retry: {e}");
+                        break;
+                    }
+                }
+            }
+            let sleep = glommio::timer::sleep(interval);
+            futures_lite::future::or(
+                async {
+                    sleep.await;
+                },
+                async {
+                    let _ = kicks.recv().await;
+                },
+            )
+            .await;
+        }
+    }
+
+    /// The janitor loop: a full sweep every `ttlSweepInterval`, yielding between pages.
+    pub async fn janitor_loop(self: Rc<Self>) {
+        loop {
+            let sleep_ms = self.delivery.ttl_sweep_interval_ms.min(1_000);
+            glommio::timer::sleep(Duration::from_millis(sleep_ms)).await;
+            let swept = drive::sweep(&self.core, &self.store, now_ms(), || {
+                glommio::yield_if_needed()
+            })
+            .await;
+            match swept {
+                Ok(true) => self.deleter.kick(),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(shard = self.id, "janitor sweep failed: {e}"),
+            }
+        }
+    }
+
+    /// Dispatch work needs to look again (used by the connection layer after it changes state).
+    pub fn kick_dispatcher(&self) {
+        self.dispatcher.kick();
+    }
+}
