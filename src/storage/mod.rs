@@ -20,7 +20,9 @@
 //! returns (recovery may, once, before the shard serves).
 
 pub mod io;
+pub mod memtable;
 pub(crate) mod signal;
+pub mod table;
 pub mod wal;
 
 use crate::store::StoreError;
