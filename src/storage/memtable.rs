@@ -141,14 +141,26 @@ impl Memtable {
         self.map.get(key)
     }
 
-    /// Entries in `[start, end)` (`None` = unbounded), in key order.
+    /// Entries between two bounds, in key order.
     pub fn range<'a>(
         &'a self,
         start: Bound<&'a [u8]>,
-        end: Option<&'a [u8]>,
+        end: Bound<&'a [u8]>,
     ) -> impl Iterator<Item = (&'a Key, &'a Entry)> + 'a {
-        self.map
-            .range::<[u8], _>((start, end.map_or(Bound::Unbounded, Bound::Excluded)))
+        let empty = match (start, end) {
+            (Bound::Included(s), Bound::Excluded(e))
+            | (Bound::Excluded(s), Bound::Included(e))
+            | (Bound::Excluded(s), Bound::Excluded(e)) => s >= e,
+            (Bound::Included(s), Bound::Included(e)) => s > e,
+            _ => false,
+        };
+        // BTreeMap::range panics on inverted bounds; an empty range is the honest answer.
+        let bounds = if empty {
+            (Bound::Included(&[][..]), Bound::Excluded(&[][..]))
+        } else {
+            (start, end)
+        };
+        self.map.range::<[u8], _>(bounds)
     }
 
     /// Every entry in key order.
@@ -259,14 +271,22 @@ mod tests {
         let k2 = key(2);
         let k4 = key(4);
         let got: Vec<u8> = mt
-            .range(Bound::Included(k2.as_slice()), Some(k4.as_slice()))
+            .range(
+                Bound::Included(k2.as_slice()),
+                Bound::Excluded(k4.as_slice()),
+            )
             .map(|(k, _)| k[0])
             .collect();
         assert_eq!(got, vec![2, 3]);
         let all: Vec<u8> = mt
-            .range(Bound::Unbounded, None)
+            .range(Bound::Unbounded, Bound::Unbounded)
             .map(|(k, _)| k[0])
             .collect();
         assert_eq!(all, vec![1, 2, 3, 4, 5]);
+        let inverted = mt.range(
+            Bound::Included(k4.as_slice()),
+            Bound::Excluded(k2.as_slice()),
+        );
+        assert_eq!(inverted.count(), 0);
     }
 }

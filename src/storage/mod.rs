@@ -19,11 +19,20 @@
 //! [`engine::Clock`]. Nothing here may block the shard's thread on I/O after [`LsmStore::open`]
 //! returns (recovery may, once, before the shard serves).
 
+pub mod compaction;
+pub mod engine;
 pub mod io;
+pub mod manifest;
 pub mod memtable;
+pub mod merge;
+pub mod recovery;
 pub(crate) mod signal;
 pub mod table;
 pub mod wal;
+
+pub use compaction::{Choice, CompactionConfig, TableSummary};
+pub use engine::{Clock, LsmEnv, LsmOptions, LsmStats, LsmStore, ManualClock, SystemClock};
+pub use recovery::RecoveryReport;
 
 use crate::store::StoreError;
 

@@ -617,6 +617,13 @@ impl Wal {
         }
     }
 
+    /// Asks the writer to stop once everything pending is written (for `Drop`, which cannot
+    /// wait).
+    pub fn request_shutdown(&self) {
+        self.state.borrow_mut().shutdown = true;
+        self.appended.notify();
+    }
+
     /// True while no write is in flight and nothing is pending.
     pub fn is_idle(&self) -> bool {
         self.writer_idle.get() && self.state.borrow().pending.is_empty()

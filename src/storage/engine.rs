@@ -1,0 +1,1270 @@
+//! [`LsmStore`]: the glommio shell that drives the WAL, memtables, tables, flushes and
+//! compactions of one shard, behind [`crate::store::Store`].
+//!
+//! Owns the engine's mutable state (active and frozen memtables, the current table version, the
+//! manifest) and its three tasks: the WAL writer (foreground queue: commits are latency), and the
+//! flusher and compactor (a background task queue with fewer shares, so they cannot starve
+//! dispatch). Everything runs on the shard's one executor; state lives in `RefCell`s that are
+//! never borrowed across an await.
+//!
+//! Write path: `write` encodes the batch into the WAL's pending buffer and applies it to the
+//! active memtable in the same synchronous step (so memtable order is WAL order), then, for
+//! `Sync::Durable`, waits for the fdatasync that covers it. A full memtable (or a WAL that grew
+//! past `wal_bytes_max`, e.g. from publish/ACK pairs that annihilated) is frozen, the WAL rolls
+//! to a new segment, and the flusher writes the memtable to a table and commits the manifest;
+//! then the segments it covered are deleted. Too many frozen memtables stall writers until a
+//! flush lands: memory stays bounded.
+//!
+//! Read path: a scan takes a snapshot (the active memtable's `Rc`, the frozen memtables, the
+//! table version), merges the immutable sources with awaits allowed in between, and merges the
+//! active memtable in one synchronous step at the end, so the result is one consistent state even
+//! while writes continue.
+//!
+//! Must never: read the wall clock outside [`SystemClock`]; hold a `RefCell` borrow across an
+//! await; acknowledge a durable write before its fdatasync; delete a file the committed manifest
+//! (or the WAL replay) still needs.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use glommio::sync::Semaphore;
+use glommio::{Latency, Shares, TaskQueueHandle};
+
+use super::compaction::{self, Choice, CompactionConfig, Reason, TableSummary, Verdict};
+use super::io as dio;
+use super::manifest::{self, Manifest, TableEntry};
+use super::memtable::{Entry, Memtable, MemtableCounters};
+use super::merge::{MergeIter, Source};
+use super::recovery::{self, RecoveryReport};
+use super::signal::Signal;
+use super::table::block::EntryRef;
+use super::table::{table_name, Table, TableCursor, TableWriter};
+use super::wal::Wal;
+use super::{corrupt, io_error};
+use crate::key::Key;
+use crate::message::Value;
+use crate::store::{Store, StoreError, Sync, WriteBatch};
+
+/// Where the engine gets the time (TTL filtering in flush and compaction). Injected so tests
+/// drive expiry by hand.
+pub trait Clock {
+    fn now_ms(&self) -> u64;
+}
+
+/// Wall-clock milliseconds since the Unix epoch, never going backwards.
+#[derive(Debug, Default)]
+pub struct SystemClock {
+    last_ms: Cell<u64>,
+}
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let now = now.max(self.last_ms.get());
+        self.last_ms.set(now);
+        now
+    }
+}
+
+/// A clock tests set by hand.
+#[derive(Debug, Default)]
+pub struct ManualClock {
+    now_ms: Cell<u64>,
+}
+
+impl ManualClock {
+    pub fn new(now_ms: u64) -> ManualClock {
+        ManualClock {
+            now_ms: Cell::new(now_ms),
+        }
+    }
+
+    pub fn set(&self, now_ms: u64) {
+        self.now_ms.set(now_ms);
+    }
+
+    pub fn advance(&self, ms: u64) {
+        self.now_ms.set(self.now_ms.get().saturating_add(ms));
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.now_ms.get()
+    }
+}
+
+/// Engine settings. Units are in the names; the server fills this from `config.storage`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LsmOptions {
+    /// A memtable is frozen and flushed once it holds this many bytes (`storage.memtableBytes`).
+    pub memtable_bytes_max: usize,
+    /// Frozen memtables waiting for their flush before writers stall.
+    pub frozen_memtables_max: usize,
+    /// WAL bytes not yet covered by tables before the memtable is frozen anyway. Bounds recovery
+    /// time when publish/ACK pairs annihilate and the memtable never fills.
+    pub wal_bytes_max: u64,
+    /// A WAL segment is closed and a new one started past this size.
+    pub wal_segment_bytes_max: u64,
+    /// Target size of a table's data block.
+    pub block_bytes: usize,
+    /// Bloom filter bits per key.
+    pub bloom_bits_per_key: usize,
+    pub compaction: CompactionConfig,
+    /// How often the compactor re-checks the policy without being woken (TTL expiry).
+    pub compaction_interval_ms: u64,
+    /// Shares of the background task queue (glommio's default queue has 1000).
+    pub background_shares: usize,
+    /// Read every block of every table at open (slow; for tools and paranoid restarts).
+    pub verify_tables_on_open: bool,
+    /// `close` flushes the memtable so the next open replays nothing.
+    pub flush_on_close: bool,
+}
+
+impl Default for LsmOptions {
+    fn default() -> LsmOptions {
+        LsmOptions {
+            memtable_bytes_max: 64 << 20,
+            frozen_memtables_max: 2,
+            wal_bytes_max: 256 << 20,
+            wal_segment_bytes_max: 64 << 20,
+            block_bytes: 16 << 10,
+            bloom_bits_per_key: 10,
+            compaction: CompactionConfig::default(),
+            compaction_interval_ms: 10_000,
+            background_shares: 100,
+            verify_tables_on_open: false,
+            flush_on_close: true,
+        }
+    }
+}
+
+impl LsmOptions {
+    /// Checks the settings; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let checks: [(&str, bool); 7] = [
+            ("memtable_bytes_max", self.memtable_bytes_max >= 4096),
+            ("frozen_memtables_max", self.frozen_memtables_max >= 1),
+            ("wal_bytes_max", self.wal_bytes_max >= 4096),
+            ("wal_segment_bytes_max", self.wal_segment_bytes_max >= 4096),
+            (
+                "block_bytes",
+                (256..=(64 << 20)).contains(&self.block_bytes),
+            ),
+            (
+                "bloom_bits_per_key",
+                (1..=64).contains(&self.bloom_bits_per_key),
+            ),
+            (
+                "background_shares",
+                (1..=1000).contains(&self.background_shares),
+            ),
+        ];
+        match checks.iter().find(|(_, ok)| !ok) {
+            Some((name, _)) => Err(format!("storage option {name} is out of range")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A snapshot of the engine's counters. Plain data, cheap to take.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LsmStats {
+    pub wal_records: u64,
+    pub wal_record_bytes: u64,
+    /// Bytes written to WAL segments, padding included.
+    pub wal_bytes_written: u64,
+    pub wal_writes: u64,
+    pub wal_fsyncs: u64,
+    /// Record bytes in segments not yet covered by tables.
+    pub wal_live_bytes: u64,
+    pub wal_segments: usize,
+    pub memtable_bytes: usize,
+    pub memtable_entries: usize,
+    pub frozen_memtables: usize,
+    pub frozen_bytes: usize,
+    pub puts: u64,
+    /// Deletes that met their put in memory: neither reached a table.
+    pub annihilated: u64,
+    pub tombstones: u64,
+    pub deletes_dropped: u64,
+    pub flushes: u64,
+    pub flush_bytes_written: u64,
+    pub flush_entries: u64,
+    pub flush_tombstones_dropped: u64,
+    pub flush_expired_dropped: u64,
+    pub tables: usize,
+    pub table_bytes: u64,
+    pub table_entries: u64,
+    pub table_tombstones: u64,
+    pub compactions: u64,
+    pub compaction_bytes_read: u64,
+    pub compaction_bytes_written: u64,
+    pub compaction_tombstones_dropped: u64,
+    pub compaction_expired_dropped: u64,
+    pub write_stalls: u64,
+    pub recovery: RecoveryReport,
+}
+
+/// The live tables, newest first. Immutable: a change installs a new version.
+#[derive(Default)]
+pub(crate) struct Version {
+    pub tables: Vec<Rc<Table>>,
+}
+
+/// True when a source older than the active memtable may hold a live value for `key`: the
+/// newest frozen memtable that has the key decides; otherwise any table whose range and bloom
+/// filter admit it. Used by annihilation (memtable) during writes and recovery.
+pub(crate) fn live_below(
+    frozen: &VecDeque<Rc<RefCell<Memtable>>>,
+    tables: &[Rc<Table>],
+    key: &[u8],
+) -> bool {
+    for mt in frozen {
+        match mt.borrow().get(key) {
+            Some(Entry::Put(_)) => return true,
+            Some(Entry::Tombstone) => return false,
+            None => {}
+        }
+    }
+    tables.iter().any(|t| t.may_contain(key))
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    flushed_memtables: MemtableCounters,
+    flushes: u64,
+    flush_bytes_written: u64,
+    flush_entries: u64,
+    flush_tombstones_dropped: u64,
+    flush_expired_dropped: u64,
+    compactions: u64,
+    compaction_bytes_read: u64,
+    compaction_bytes_written: u64,
+    compaction_tombstones_dropped: u64,
+    compaction_expired_dropped: u64,
+    write_stalls: u64,
+}
+
+struct State {
+    active: Rc<RefCell<Memtable>>,
+    /// Newest first; the flusher takes from the back.
+    frozen: VecDeque<Rc<RefCell<Memtable>>>,
+    version: Rc<Version>,
+    manifest: Manifest,
+    next_table_id: u64,
+    /// Tables replaced by compaction, removed once no reader holds them.
+    obsolete: Vec<Rc<Table>>,
+    closing: bool,
+    shutdown: bool,
+    failed: Option<(String, std::io::ErrorKind, String)>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    options: LsmOptions,
+    clock: Rc<dyn Clock>,
+    wal: Rc<Wal>,
+    state: RefCell<State>,
+    counters: RefCell<Counters>,
+    /// Serialises manifest commits (flush and compaction both commit).
+    manifest_lock: Semaphore,
+    /// Serialises compactions (background worker and `compact_all`).
+    compaction_lock: Semaphore,
+    flush_wanted: Signal,
+    compact_wanted: Signal,
+    /// A flush committed, or the engine failed.
+    flushed: Signal,
+    recovery: RecoveryReport,
+}
+
+/// The io_uring LSM store of one shard. Create it on the shard's executor with
+/// [`LsmStore::open`]; use it through [`Store`]; end with [`LsmStore::close`].
+pub struct LsmStore {
+    inner: Rc<Inner>,
+    tasks: RefCell<Vec<glommio::task::JoinHandle<()>>>,
+}
+
+/// Extra wiring for [`LsmStore::open_with`].
+#[derive(Default)]
+pub struct LsmEnv {
+    /// Time source for TTL filtering; the system clock when `None`.
+    pub clock: Option<Rc<dyn Clock>>,
+    /// Task queue for flush and compaction; a new low-share queue when `None`.
+    pub background_queue: Option<TaskQueueHandle>,
+}
+
+impl LsmStore {
+    /// Opens (or creates) the store in `dir`, recovering what a previous run left. Must run on a
+    /// glommio executor.
+    pub async fn open(dir: impl AsRef<Path>, options: LsmOptions) -> Result<LsmStore, StoreError> {
+        LsmStore::open_with(dir, options, LsmEnv::default()).await
+    }
+
+    /// [`LsmStore::open`] with an injected clock and/or background task queue.
+    pub async fn open_with(
+        dir: impl AsRef<Path>,
+        options: LsmOptions,
+        env: LsmEnv,
+    ) -> Result<LsmStore, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        options.validate().map_err(|what| {
+            io_error(
+                &dir,
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, what),
+            )
+        })?;
+        let recovered = recovery::recover(&dir, &options).await?;
+        let wal = Rc::new(Wal::new(
+            &dir,
+            recovered.next_seq,
+            recovered.live_segments,
+            options.wal_segment_bytes_max,
+        ));
+        wal.start();
+        let next_table_id = recovered.manifest.next_table_id.max(1);
+        let has_frozen = !recovered.frozen.is_empty();
+        let inner = Rc::new(Inner {
+            dir,
+            clock: env.clock.unwrap_or_else(|| Rc::new(SystemClock::default())),
+            wal,
+            state: RefCell::new(State {
+                active: Rc::new(RefCell::new(recovered.active)),
+                frozen: recovered.frozen,
+                version: Rc::new(Version {
+                    tables: recovered.tables,
+                }),
+                manifest: recovered.manifest,
+                next_table_id,
+                obsolete: Vec::new(),
+                closing: false,
+                shutdown: false,
+                failed: None,
+            }),
+            counters: RefCell::new(Counters::default()),
+            manifest_lock: Semaphore::new(1),
+            compaction_lock: Semaphore::new(1),
+            flush_wanted: Signal::default(),
+            compact_wanted: Signal::default(),
+            flushed: Signal::default(),
+            recovery: recovered.report,
+            options,
+        });
+        let queue = env.background_queue.unwrap_or_else(|| {
+            glommio::executor().create_task_queue(
+                Shares::Static(inner.options.background_shares),
+                Latency::NotImportant,
+                "pinq-storage-bg",
+            )
+        });
+        let spawn_error = |e: glommio::GlommioError<()>| {
+            io_error(
+                &inner.dir,
+                std::io::Error::other(format!("spawning a storage task: {e}")),
+            )
+        };
+        let flusher = glommio::spawn_local_into(Rc::clone(&inner).run_flusher(), queue)
+            .map_err(spawn_error)?
+            .detach();
+        let compactor = glommio::spawn_local_into(Rc::clone(&inner).run_compactor(), queue)
+            .map_err(spawn_error)?
+            .detach();
+        if has_frozen {
+            inner.flush_wanted.notify();
+        }
+        Ok(LsmStore {
+            inner,
+            tasks: RefCell::new(vec![flusher, compactor]),
+        })
+    }
+
+    /// Freezes the active memtable (if it holds anything) and waits until every frozen memtable
+    /// is in a table.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.check_readable()?;
+        self.inner.freeze();
+        self.inner.wait_frozen_drained().await
+    }
+
+    /// Merges every table into one now (drops all droppable tombstones and expired messages).
+    pub async fn compact_all(&self) -> Result<(), StoreError> {
+        self.inner.check_readable()?;
+        self.inner.compact_once(true).await.map(|_| ())
+    }
+
+    /// Resolves once everything written so far is on stable storage.
+    pub async fn sync(&self) -> Result<(), StoreError> {
+        self.inner.check_readable()?;
+        self.inner.wal.sync_all().await
+    }
+
+    /// Graceful shutdown: refuses new writes, flushes the memtable (if `flush_on_close`), syncs
+    /// the WAL and stops the background tasks. Later calls return `StoreError::Closed`.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        if self.inner.state.borrow().closing {
+            return Err(StoreError::Closed);
+        }
+        self.inner.state.borrow_mut().closing = true;
+        let mut result = Ok(());
+        if self.inner.options.flush_on_close && self.inner.failure().is_none() {
+            self.inner.freeze();
+            result = self.inner.wait_frozen_drained().await;
+        }
+        let wal_result = self.inner.wal.shutdown().await;
+        self.inner.state.borrow_mut().shutdown = true;
+        self.inner.flush_wanted.notify();
+        self.inner.compact_wanted.notify();
+        let tasks = std::mem::take(&mut *self.tasks.borrow_mut());
+        for task in tasks {
+            task.await;
+        }
+        self.inner.reap_obsolete().await;
+        result.and(wal_result)
+    }
+
+    /// Counters and sizes, for metrics and benches.
+    pub fn stats(&self) -> LsmStats {
+        self.inner.stats()
+    }
+
+    /// The directory this store lives in.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// True when no flush is pending and the WAL writer is idle (tests and benches).
+    pub fn is_quiet(&self) -> bool {
+        self.inner.state.borrow().frozen.is_empty() && self.inner.wal.is_idle()
+    }
+}
+
+impl Drop for LsmStore {
+    fn drop(&mut self) {
+        // Without close(): stop the tasks; the WAL writer still writes what is pending.
+        let mut st = self.inner.state.borrow_mut();
+        st.closing = true;
+        st.shutdown = true;
+        drop(st);
+        self.inner.wal.request_shutdown();
+        self.inner.flush_wanted.notify();
+        self.inner.compact_wanted.notify();
+        self.inner.flushed.notify();
+    }
+}
+
+impl Store for LsmStore {
+    async fn write(&self, batch: WriteBatch, sync: Sync) -> Result<(), StoreError> {
+        self.inner.write(batch, sync).await
+    }
+
+    async fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Key, Value)>, StoreError> {
+        self.inner.scan(start, end, limit).await
+    }
+
+    async fn first_key(&self, start: &[u8], end: Option<&[u8]>) -> Result<Option<Key>, StoreError> {
+        Ok(self
+            .inner
+            .scan(start, end, 1)
+            .await?
+            .into_iter()
+            .next()
+            .map(|(k, _)| k))
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        self.inner.get(key).await
+    }
+}
+
+/// What a read sees: the active memtable (still changing), the frozen ones and the tables.
+struct Snapshot {
+    active: Rc<RefCell<Memtable>>,
+    frozen: Vec<Rc<RefCell<Memtable>>>,
+    version: Rc<Version>,
+}
+
+/// Upper bound of the part of a scan whose older entries are all known.
+enum Upper<'a> {
+    /// The scan's own end (`None` = unbounded): older sources are exhausted.
+    End(Option<&'a [u8]>),
+    /// Through this key, inclusive.
+    Through(Key),
+}
+
+/// Merges the active memtable (newest) with the older entries already read, hiding tombstones.
+fn merge_active(
+    active: &Memtable,
+    older: &[(Key, Entry)],
+    start: &[u8],
+    upper: &Upper<'_>,
+    limit: usize,
+) -> Vec<(Key, Value)> {
+    let end = match upper {
+        Upper::End(Some(e)) => Bound::Excluded(*e),
+        Upper::End(None) => Bound::Unbounded,
+        Upper::Through(k) => Bound::Included(k.as_slice()),
+    };
+    let mut a = active.range(Bound::Included(start), end).peekable();
+    let mut o = older.iter().map(|(k, e)| (k, e)).peekable();
+    let mut out = Vec::with_capacity(limit.min(1024));
+    while out.len() < limit {
+        let next = match (a.peek(), o.peek()) {
+            (None, None) => None,
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => o.next(),
+            (Some((ak, _)), Some((ok, _))) => match ak.as_slice().cmp(ok.as_slice()) {
+                std::cmp::Ordering::Less => a.next(),
+                std::cmp::Ordering::Greater => o.next(),
+                std::cmp::Ordering::Equal => {
+                    // The active memtable is newer: its entry shadows the older one.
+                    o.next();
+                    a.next()
+                }
+            },
+        };
+        let Some((key, entry)) = next else { break };
+        if let Entry::Put(value) = entry {
+            out.push((key.clone(), value.clone()));
+        }
+    }
+    out
+}
+
+impl Inner {
+    fn failure(&self) -> Option<StoreError> {
+        self.state
+            .borrow()
+            .failed
+            .as_ref()
+            .map(|(path, kind, msg)| StoreError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(*kind, msg.clone()),
+            })
+    }
+
+    fn check_readable(&self) -> Result<(), StoreError> {
+        if let Some(e) = self.failure() {
+            return Err(e);
+        }
+        if self.state.borrow().shutdown {
+            return Err(StoreError::Closed);
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self) -> Result<(), StoreError> {
+        self.check_readable()?;
+        if self.state.borrow().closing {
+            return Err(StoreError::Closed);
+        }
+        Ok(())
+    }
+
+    fn fail(&self, error: &StoreError) {
+        let (path, kind, msg) = match error {
+            StoreError::Io { path, source } => (path.clone(), source.kind(), source.to_string()),
+            other => (
+                self.dir.display().to_string(),
+                std::io::ErrorKind::Other,
+                other.to_string(),
+            ),
+        };
+        tracing::error!(path = %path, error = %msg, "storage background work failed; the store refuses further writes");
+        self.state.borrow_mut().failed = Some((path, kind, msg));
+        self.flushed.notify();
+    }
+
+    async fn write(&self, batch: WriteBatch, sync: Sync) -> Result<(), StoreError> {
+        self.check_writable()?;
+        let mut stalled = false;
+        loop {
+            let wait = {
+                let st = self.state.borrow();
+                if st.frozen.len() < self.options.frozen_memtables_max {
+                    break;
+                }
+                self.flushed.wait()
+            };
+            if !stalled {
+                stalled = true;
+                self.counters.borrow_mut().write_stalls += 1;
+            }
+            wait.await;
+            self.check_writable()?;
+        }
+        if batch.is_empty() {
+            return match sync {
+                Sync::Durable => self.wal.sync_all().await,
+                Sync::Buffered => Ok(()),
+            };
+        }
+        let seq = self.wal.append(&batch)?;
+        {
+            let st = self.state.borrow();
+            let mut active = st.active.borrow_mut();
+            active.apply(seq, batch, |key| {
+                live_below(&st.frozen, &st.version.tables, key)
+            });
+        }
+        self.maybe_freeze();
+        match sync {
+            Sync::Durable => self.wal.wait_durable(seq).await,
+            Sync::Buffered => Ok(()),
+        }
+    }
+
+    fn maybe_freeze(&self) {
+        let (full, wal_over) = {
+            let st = self.state.borrow();
+            let full = st.active.borrow().bytes() >= self.options.memtable_bytes_max;
+            let wal_over =
+                st.frozen.is_empty() && self.wal.live_bytes() >= self.options.wal_bytes_max;
+            (full, wal_over)
+        };
+        if full || wal_over {
+            self.freeze();
+        }
+    }
+
+    /// Moves the active memtable to the frozen list and rolls the WAL, if any batch has been
+    /// applied to it (a new memtable has `last_seq` 0).
+    fn freeze(&self) {
+        let mut st = self.state.borrow_mut();
+        if st.active.borrow().last_seq() == 0 {
+            return;
+        }
+        let old = std::mem::replace(&mut st.active, Rc::new(RefCell::new(Memtable::new())));
+        st.frozen.push_front(old);
+        drop(st);
+        self.wal.roll();
+        self.flush_wanted.notify();
+    }
+
+    async fn wait_frozen_drained(&self) -> Result<(), StoreError> {
+        loop {
+            if let Some(e) = self.failure() {
+                return Err(e);
+            }
+            let wait = {
+                let st = self.state.borrow();
+                if st.frozen.is_empty() {
+                    return Ok(());
+                }
+                if st.shutdown {
+                    return Err(StoreError::Closed);
+                }
+                self.flushed.wait()
+            };
+            wait.await;
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let st = self.state.borrow();
+        Snapshot {
+            active: Rc::clone(&st.active),
+            frozen: st.frozen.iter().cloned().collect(),
+            version: Rc::clone(&st.version),
+        }
+    }
+
+    async fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Key, Value)>, StoreError> {
+        self.check_readable()?;
+        if limit == 0 || end.is_some_and(|e| e <= start) {
+            return Ok(Vec::new());
+        }
+        let Snapshot {
+            active,
+            frozen,
+            version,
+        } = self.snapshot();
+        let mut sources: Vec<Source> = frozen
+            .into_iter()
+            .map(|mt| Source::memtable(mt, start, end))
+            .collect();
+        for table in &version.tables {
+            let props = table.props();
+            let overlaps = props.entries() > 0
+                && props.max_key.as_slice() >= start
+                && end.is_none_or(|e| props.min_key.as_slice() < e);
+            if overlaps {
+                sources.push(Source::Disk(TableCursor::new(Rc::clone(table), start, end)));
+            }
+        }
+        if sources.is_empty() {
+            return Ok(merge_active(
+                &active.borrow(),
+                &[],
+                start,
+                &Upper::End(end),
+                limit,
+            ));
+        }
+        let mut merge = MergeIter::new(sources);
+        let mut older: Vec<(Key, Entry)> = Vec::new();
+        let mut want = limit.saturating_add(16);
+        loop {
+            let mut exhausted = false;
+            while older.len() < want {
+                match merge.next().await? {
+                    Some(item) => older.push(item),
+                    None => {
+                        exhausted = true;
+                        break;
+                    }
+                }
+            }
+            let upper = match (exhausted, older.last()) {
+                (false, Some((k, _))) => Upper::Through(k.clone()),
+                _ => Upper::End(end),
+            };
+            let out = merge_active(&active.borrow(), &older, start, &upper, limit);
+            if out.len() >= limit || exhausted {
+                return Ok(out);
+            }
+            want = want.saturating_mul(2);
+        }
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        self.check_readable()?;
+        let Snapshot {
+            active,
+            frozen,
+            version,
+        } = self.snapshot();
+        if let Some(entry) = active.borrow().get(key) {
+            return Ok(entry.value().cloned());
+        }
+        for mt in &frozen {
+            if let Some(entry) = mt.borrow().get(key) {
+                return Ok(entry.value().cloned());
+            }
+        }
+        for table in &version.tables {
+            if let Some(entry) = table.get(key).await? {
+                return Ok(entry.value().cloned());
+            }
+        }
+        Ok(None)
+    }
+
+    fn alloc_table_id(&self) -> u64 {
+        let mut st = self.state.borrow_mut();
+        let id = st.next_table_id;
+        st.next_table_id += 1;
+        id
+    }
+
+    fn stopping(&self) -> bool {
+        let st = self.state.borrow();
+        st.shutdown || st.failed.is_some()
+    }
+
+    async fn run_flusher(self: Rc<Self>) {
+        loop {
+            let next = {
+                let st = self.state.borrow();
+                if st.shutdown || st.failed.is_some() {
+                    break;
+                }
+                st.frozen.back().cloned()
+            };
+            match next {
+                Some(mt) => {
+                    if let Err(e) = self.flush_memtable(mt).await {
+                        if !matches!(e, StoreError::Closed) {
+                            self.fail(&e);
+                        }
+                        break;
+                    }
+                }
+                None => {
+                    let wait = self.flush_wanted.wait();
+                    if self.state.borrow().frozen.is_empty() && !self.stopping() {
+                        wait.await;
+                    }
+                }
+            }
+        }
+        self.flushed.notify();
+    }
+
+    /// Writes the oldest frozen memtable to a table, commits the manifest, installs the table,
+    /// and deletes the WAL segments it covered.
+    async fn flush_memtable(&self, mt: Rc<RefCell<Memtable>>) -> Result<(), StoreError> {
+        let now_ms = self.clock.now_ms();
+        let id = self.alloc_table_id();
+        let path = self.dir.join(table_name(id));
+        let mut writer: Option<TableWriter> = None;
+        let built = self.write_memtable(&mt, &path, now_ms, &mut writer).await;
+        let (dropped_tombstones, dropped_expired) = match built {
+            Ok(counts) => counts,
+            Err(e) => {
+                if let Some(w) = writer.take() {
+                    w.abandon().await;
+                }
+                return Err(e);
+            }
+        };
+        let table = match writer {
+            Some(w) => {
+                let (_, len) = w.finish().await?;
+                Some((Rc::new(Table::open(&path, id).await?), len))
+            }
+            None => None,
+        };
+        let (last_seq, mt_counters) = {
+            let m = mt.borrow();
+            (m.last_seq(), m.counters())
+        };
+        let flushed_seq = {
+            let _permit = self
+                .manifest_lock
+                .acquire_permit(1)
+                .await
+                .map_err(|_| StoreError::Closed)?;
+            let mut next = self.state.borrow().manifest.clone();
+            next.next_table_id = self.state.borrow().next_table_id;
+            next.wal_flushed_seq = next.wal_flushed_seq.max(last_seq);
+            if let Some((_, len)) = &table {
+                next.tables.insert(0, TableEntry { id, file_len: *len });
+            }
+            manifest::write(&self.dir, &next).await?;
+            let mut st = self.state.borrow_mut();
+            if let Some((t, _)) = &table {
+                let mut tables = Vec::with_capacity(st.version.tables.len() + 1);
+                tables.push(Rc::clone(t));
+                tables.extend(st.version.tables.iter().cloned());
+                st.version = Rc::new(Version { tables });
+            }
+            match st.frozen.back() {
+                Some(back) if Rc::ptr_eq(back, &mt) => {
+                    st.frozen.pop_back();
+                }
+                _ => {
+                    return Err(corrupt(
+                        &self.dir,
+                        "flushed memtable is not the oldest frozen one (engine bug)",
+                    ))
+                }
+            }
+            let flushed_seq = next.wal_flushed_seq;
+            st.manifest = next;
+            flushed_seq
+        };
+        {
+            let mut c = self.counters.borrow_mut();
+            c.flushes += 1;
+            c.flush_tombstones_dropped += dropped_tombstones;
+            c.flush_expired_dropped += dropped_expired;
+            if let Some((t, len)) = &table {
+                c.flush_bytes_written += len;
+                c.flush_entries += t.props().entries();
+            }
+            let f = &mut c.flushed_memtables;
+            f.puts += mt_counters.puts;
+            f.annihilated += mt_counters.annihilated;
+            f.tombstones += mt_counters.tombstones;
+            f.deletes_dropped += mt_counters.deletes_dropped;
+        }
+        self.flushed.notify();
+        self.compact_wanted.notify();
+        let released = self.wal.release_through(flushed_seq);
+        for segment in released {
+            dio::remove(&segment).await?;
+        }
+        Ok(())
+    }
+
+    /// Streams a frozen memtable through the compaction filter into `writer` (created on the
+    /// first surviving entry). Returns (tombstones dropped, expired dropped).
+    async fn write_memtable(
+        &self,
+        mt: &Rc<RefCell<Memtable>>,
+        path: &Path,
+        now_ms: u64,
+        writer: &mut Option<TableWriter>,
+    ) -> Result<(u64, u64), StoreError> {
+        const CHUNK: usize = 256;
+        let mut after: Option<Key> = None;
+        let (mut dropped_tombstones, mut dropped_expired) = (0u64, 0u64);
+        loop {
+            let chunk: Vec<(Key, Entry)> = {
+                let m = mt.borrow();
+                let lower = after
+                    .as_ref()
+                    .map_or(Bound::Unbounded, |k| Bound::Excluded(k.as_slice()));
+                m.range(lower, Bound::Unbounded)
+                    .take(CHUNK)
+                    .map(|(k, e)| (k.clone(), e.clone()))
+                    .collect()
+            };
+            let Some((last, _)) = chunk.last() else { break };
+            after = Some(last.clone());
+            for (key, entry) in &chunk {
+                let verdict = {
+                    let st = self.state.borrow();
+                    let tables = &st.version.tables;
+                    compaction::filter(key, entry, now_ms, |k| {
+                        tables.iter().any(|t| t.may_contain(k))
+                    })
+                };
+                let Some((stored, expiry)) = stored_form(key, entry, &verdict) else {
+                    match verdict {
+                        Verdict::DropTombstone => dropped_tombstones += 1,
+                        _ => dropped_expired += 1,
+                    }
+                    continue;
+                };
+                if writer.is_none() {
+                    *writer = Some(
+                        TableWriter::create(
+                            path,
+                            self.options.block_bytes,
+                            self.options.bloom_bits_per_key,
+                        )
+                        .await?,
+                    );
+                }
+                if let Some(w) = writer.as_mut() {
+                    w.add(key, stored, expiry).await?;
+                }
+            }
+            if self.state.borrow().shutdown {
+                return Err(StoreError::Closed);
+            }
+            glommio::yield_if_needed().await;
+        }
+        Ok((dropped_tombstones, dropped_expired))
+    }
+
+    async fn run_compactor(self: Rc<Self>) {
+        let interval = Duration::from_millis(self.options.compaction_interval_ms.max(1));
+        loop {
+            if self.stopping() {
+                break;
+            }
+            self.reap_obsolete().await;
+            match self.compact_once(false).await {
+                Ok(true) => continue,
+                Ok(false) => {
+                    let wait = self.compact_wanted.wait();
+                    if self.stopping() {
+                        break;
+                    }
+                    futures_lite::future::or(wait, glommio::timer::sleep(interval)).await;
+                }
+                Err(StoreError::Closed) => break,
+                Err(e) => {
+                    self.fail(&e);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn summaries(tables: &[Rc<Table>]) -> Vec<TableSummary> {
+        tables
+            .iter()
+            .map(|t| {
+                let p = t.props();
+                TableSummary {
+                    id: t.id(),
+                    file_bytes: t.file_len(),
+                    puts: p.puts,
+                    tombstones: p.tombstones,
+                    key_bytes: p.key_bytes,
+                    value_bytes: p.value_bytes,
+                    ttl_value_bytes: p.ttl_value_bytes,
+                    expires_min_ms: p.expires_min_ms,
+                    expires_max_ms: p.expires_max_ms,
+                }
+            })
+            .collect()
+    }
+
+    /// Runs one compaction if the policy (or `full`) asks for one. Returns whether it did.
+    async fn compact_once(&self, full: bool) -> Result<bool, StoreError> {
+        let _permit = self
+            .compaction_lock
+            .acquire_permit(1)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        let now_ms = self.clock.now_ms();
+        let version = Rc::clone(&self.state.borrow().version);
+        let summaries = Self::summaries(&version.tables);
+        let choice = if full {
+            compaction::choose_full(&summaries, now_ms)
+        } else {
+            compaction::choose(&summaries, &self.options.compaction, now_ms)
+        };
+        let Choice::Merge {
+            first,
+            count,
+            reason,
+        } = choice
+        else {
+            return Ok(false);
+        };
+        if count == 0 || first + count > version.tables.len() {
+            return Ok(false);
+        }
+        let inputs: Vec<Rc<Table>> = version.tables[first..first + count].to_vec();
+        let older: Vec<Rc<Table>> = version.tables[first + count..].to_vec();
+        drop(version);
+        self.compact(inputs, older, now_ms, reason).await?;
+        Ok(true)
+    }
+
+    async fn compact(
+        &self,
+        inputs: Vec<Rc<Table>>,
+        older: Vec<Rc<Table>>,
+        now_ms: u64,
+        reason: Reason,
+    ) -> Result<(), StoreError> {
+        let id = self.alloc_table_id();
+        let path = self.dir.join(table_name(id));
+        let mut writer: Option<TableWriter> = None;
+        let merged = self
+            .merge_tables(&inputs, &older, &path, now_ms, &mut writer)
+            .await;
+        let (dropped_tombstones, dropped_expired) = match merged {
+            Ok(counts) => counts,
+            Err(e) => {
+                if let Some(w) = writer.take() {
+                    w.abandon().await;
+                }
+                return Err(e);
+            }
+        };
+        let output = match writer {
+            Some(w) => {
+                let (_, len) = w.finish().await?;
+                Some((Rc::new(Table::open(&path, id).await?), len))
+            }
+            None => None,
+        };
+        let bytes_read: u64 = inputs.iter().map(|t| t.file_len()).sum();
+        {
+            let _permit = self
+                .manifest_lock
+                .acquire_permit(1)
+                .await
+                .map_err(|_| StoreError::Closed)?;
+            let current = Rc::clone(&self.state.borrow().version);
+            let Some(pos) = current
+                .tables
+                .iter()
+                .position(|t| Rc::ptr_eq(t, &inputs[0]))
+            else {
+                return Err(corrupt(
+                    &self.dir,
+                    "compaction inputs vanished (engine bug)",
+                ));
+            };
+            let contiguous = inputs.iter().enumerate().all(|(i, t)| {
+                current
+                    .tables
+                    .get(pos + i)
+                    .is_some_and(|c| Rc::ptr_eq(c, t))
+            });
+            if !contiguous {
+                return Err(corrupt(
+                    &self.dir,
+                    "compaction inputs are no longer contiguous (engine bug)",
+                ));
+            }
+            let mut tables: Vec<Rc<Table>> = current.tables[..pos].to_vec();
+            if let Some((t, _)) = &output {
+                tables.push(Rc::clone(t));
+            }
+            tables.extend(current.tables[pos + inputs.len()..].iter().cloned());
+            let mut next = self.state.borrow().manifest.clone();
+            next.next_table_id = self.state.borrow().next_table_id;
+            next.tables = tables
+                .iter()
+                .map(|t| TableEntry {
+                    id: t.id(),
+                    file_len: t.file_len(),
+                })
+                .collect();
+            manifest::write(&self.dir, &next).await?;
+            let mut st = self.state.borrow_mut();
+            st.version = Rc::new(Version { tables });
+            st.manifest = next;
+            st.obsolete.extend(inputs.iter().cloned());
+        }
+        let written = output.as_ref().map_or(0, |(_, len)| *len);
+        {
+            let mut c = self.counters.borrow_mut();
+            c.compactions += 1;
+            c.compaction_bytes_read += bytes_read;
+            c.compaction_bytes_written += written;
+            c.compaction_tombstones_dropped += dropped_tombstones;
+            c.compaction_expired_dropped += dropped_expired;
+        }
+        tracing::debug!(
+            ?reason,
+            inputs = inputs.len(),
+            bytes_read,
+            written,
+            "compaction done"
+        );
+        drop(inputs);
+        self.reap_obsolete().await;
+        Ok(())
+    }
+
+    async fn merge_tables(
+        &self,
+        inputs: &[Rc<Table>],
+        older: &[Rc<Table>],
+        path: &Path,
+        now_ms: u64,
+        writer: &mut Option<TableWriter>,
+    ) -> Result<(u64, u64), StoreError> {
+        let sources = inputs
+            .iter()
+            .map(|t| Source::Disk(TableCursor::new(Rc::clone(t), &[], None)))
+            .collect();
+        let mut merge = MergeIter::new(sources);
+        let (mut dropped_tombstones, mut dropped_expired) = (0u64, 0u64);
+        let mut n = 0u64;
+        while let Some((key, entry)) = merge.next().await? {
+            let verdict = compaction::filter(&key, &entry, now_ms, |k| {
+                older.iter().any(|t| t.may_contain(k))
+            });
+            let Some((stored, expiry)) = stored_form(&key, &entry, &verdict) else {
+                match verdict {
+                    Verdict::DropTombstone => dropped_tombstones += 1,
+                    _ => dropped_expired += 1,
+                }
+                continue;
+            };
+            if writer.is_none() {
+                *writer = Some(
+                    TableWriter::create(
+                        path,
+                        self.options.block_bytes,
+                        self.options.bloom_bits_per_key,
+                    )
+                    .await?,
+                );
+            }
+            if let Some(w) = writer.as_mut() {
+                w.add(&key, stored, expiry).await?;
+            }
+            n += 1;
+            if n % 256 == 0 {
+                if self.state.borrow().shutdown {
+                    return Err(StoreError::Closed);
+                }
+                glommio::yield_if_needed().await;
+            }
+        }
+        Ok((dropped_tombstones, dropped_expired))
+    }
+
+    /// Removes the files of replaced tables that no reader holds any more.
+    async fn reap_obsolete(&self) {
+        let candidates = std::mem::take(&mut self.state.borrow_mut().obsolete);
+        let mut keep = Vec::new();
+        for table in candidates {
+            match Rc::try_unwrap(table) {
+                Ok(table) => {
+                    let path = table.path().to_path_buf();
+                    let _ = table.close().await;
+                    if let Err(e) = dio::remove(&path).await {
+                        tracing::warn!(file = %path.display(), error = %e, "could not remove a compacted table; recovery will");
+                    }
+                }
+                Err(table) => keep.push(table),
+            }
+        }
+        self.state.borrow_mut().obsolete.extend(keep);
+    }
+
+    fn stats(&self) -> LsmStats {
+        let st = self.state.borrow();
+        let c = self.counters.borrow();
+        let wal = self.wal.counters();
+        let active = st.active.borrow();
+        let mut mem = c.flushed_memtables;
+        for mt in std::iter::once(&st.active).chain(st.frozen.iter()) {
+            let m = mt.borrow().counters();
+            mem.puts += m.puts;
+            mem.annihilated += m.annihilated;
+            mem.tombstones += m.tombstones;
+            mem.deletes_dropped += m.deletes_dropped;
+        }
+        LsmStats {
+            wal_records: wal.records,
+            wal_record_bytes: wal.record_bytes,
+            wal_bytes_written: wal.bytes_written,
+            wal_writes: wal.writes,
+            wal_fsyncs: wal.fsyncs,
+            wal_live_bytes: self.wal.live_bytes(),
+            wal_segments: self.wal.live_segments(),
+            memtable_bytes: active.bytes(),
+            memtable_entries: active.len(),
+            frozen_memtables: st.frozen.len(),
+            frozen_bytes: st.frozen.iter().map(|m| m.borrow().bytes()).sum(),
+            puts: mem.puts,
+            annihilated: mem.annihilated,
+            tombstones: mem.tombstones,
+            deletes_dropped: mem.deletes_dropped,
+            flushes: c.flushes,
+            flush_bytes_written: c.flush_bytes_written,
+            flush_entries: c.flush_entries,
+            flush_tombstones_dropped: c.flush_tombstones_dropped,
+            flush_expired_dropped: c.flush_expired_dropped,
+            tables: st.version.tables.len(),
+            table_bytes: st.version.tables.iter().map(|t| t.file_len()).sum(),
+            table_entries: st.version.tables.iter().map(|t| t.props().entries()).sum(),
+            table_tombstones: st.version.tables.iter().map(|t| t.props().tombstones).sum(),
+            compactions: c.compactions,
+            compaction_bytes_read: c.compaction_bytes_read,
+            compaction_bytes_written: c.compaction_bytes_written,
+            compaction_tombstones_dropped: c.compaction_tombstones_dropped,
+            compaction_expired_dropped: c.compaction_expired_dropped,
+            write_stalls: c.write_stalls,
+            recovery: self.recovery.clone(),
+        }
+    }
+}
+
+/// The stored form of a surviving entry, or `None` when the verdict drops it.
+fn stored_form<'a>(
+    key: &[u8],
+    entry: &'a Entry,
+    verdict: &Verdict,
+) -> Option<(EntryRef<'a>, Option<u64>)> {
+    match (verdict, entry) {
+        (Verdict::Keep, Entry::Put(value)) => Some((
+            EntryRef::Put(value.as_bytes()),
+            compaction::expiry_of(key, value),
+        )),
+        (Verdict::Keep, Entry::Tombstone) | (Verdict::Tombstone, _) => {
+            Some((EntryRef::Tombstone, None))
+        }
+        (Verdict::DropTombstone, _) | (Verdict::DropExpired, _) => None,
+    }
+}

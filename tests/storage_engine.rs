@@ -1,0 +1,436 @@
+//! `LsmStore` behaviours on real DMA files: annihilation, tombstones over tables, overwrites of
+//! metadata keys, flush, compaction, TTL, recovery from the WAL, torn tails and stats.
+
+use std::rc::Rc;
+
+use pinq::key::{meta, EventKey, TopicHash};
+use pinq::message::{StoredMessage, Value};
+use pinq::storage::{LsmEnv, LsmOptions, LsmStore, ManualClock};
+use pinq::store::{Store, StoreError, Sync, WriteBatch};
+
+fn run<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .io_memory(2 << 20)
+        .spawn(f)
+        .expect("executor starts")
+        .join()
+        .expect("executor joins");
+}
+
+fn small_options() -> LsmOptions {
+    LsmOptions {
+        memtable_bytes_max: 64 << 10,
+        block_bytes: 4096,
+        compaction_interval_ms: 3_600_000,
+        ..LsmOptions::default()
+    }
+}
+
+fn key(id: u64) -> pinq::key::Key {
+    EventKey::new(TopicHash(42), id / 100, id).to_key()
+}
+
+fn message(id: u64, ttl_ms: u64) -> Value {
+    Value::encode(&StoredMessage {
+        topic: "orders".into(),
+        payload: vec![(id % 251) as u8; 100],
+        enqueued_at_ms: 1_000,
+        delay_ms: 0,
+        ttl_ms,
+        headers: Vec::new(),
+    })
+    .expect("encode")
+}
+
+fn puts(ids: std::ops::Range<u64>, ttl_ms: u64) -> WriteBatch {
+    let mut batch = WriteBatch::new();
+    for id in ids {
+        batch.put(key(id), message(id, ttl_ms));
+    }
+    batch
+}
+
+fn deletes(ids: std::ops::Range<u64>) -> WriteBatch {
+    let mut batch = WriteBatch::new();
+    for id in ids {
+        batch.delete(key(id));
+    }
+    batch
+}
+
+async fn all_ids(store: &LsmStore) -> Vec<u64> {
+    store
+        .scan(&[], Some(&[0x80]), usize::MAX)
+        .await
+        .expect("scan")
+        .iter()
+        .map(|(k, _)| EventKey::parse(k).expect("event key").event_id())
+        .collect()
+}
+
+#[test]
+fn publish_and_ack_within_one_memtable_write_no_table_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let store = LsmStore::open(&path, small_options()).await.expect("open");
+        for round in 0..20u64 {
+            let ids = round * 10..round * 10 + 10;
+            store
+                .write(puts(ids.clone(), 0), Sync::Durable)
+                .await
+                .expect("publish");
+            store.write(deletes(ids), Sync::Durable).await.expect("ack");
+        }
+        store.flush().await.expect("flush");
+        let stats = store.stats();
+        assert_eq!(stats.annihilated, 200);
+        assert_eq!(stats.tombstones, 0);
+        assert_eq!(stats.flush_bytes_written, 0, "{stats:#?}");
+        assert_eq!(stats.tables, 0);
+        assert!(all_ids(&store).await.is_empty());
+        store.close().await.expect("close");
+    });
+}
+
+#[test]
+fn delete_of_a_flushed_key_leaves_a_tombstone_that_hides_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let store = LsmStore::open(&path, small_options()).await.expect("open");
+        store
+            .write(puts(0..50, 0), Sync::Durable)
+            .await
+            .expect("put");
+        store.flush().await.expect("flush");
+        assert_eq!(store.stats().tables, 1);
+        store
+            .write(deletes(10..20), Sync::Durable)
+            .await
+            .expect("delete");
+        assert_eq!(store.stats().tombstones, 10);
+        let expected: Vec<u64> = (0..10).chain(20..50).collect();
+        assert_eq!(all_ids(&store).await, expected);
+        assert_eq!(store.get(&key(15)).await.expect("get"), None);
+        assert_eq!(
+            store.get(&key(25)).await.expect("get"),
+            Some(message(25, 0))
+        );
+        store.flush().await.expect("flush");
+        assert_eq!(all_ids(&store).await, expected);
+        store.compact_all().await.expect("compact");
+        let stats = store.stats();
+        assert_eq!(stats.tables, 1);
+        assert_eq!(stats.table_tombstones, 0, "{stats:#?}");
+        assert_eq!(all_ids(&store).await, expected);
+        store.close().await.expect("close");
+    });
+}
+
+#[test]
+fn overwritten_metadata_key_deleted_after_a_flush_stays_deleted() {
+    // A put over a flushed value, then a delete: annihilating the newer put alone would
+    // resurrect the flushed value.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let store = LsmStore::open(&path, small_options()).await.expect("open");
+        let hw = meta::key(meta::EVENT_ID_HIGH_WATER);
+        let value = |n: u64| Value::copy_from_slice(&n.to_be_bytes());
+        let mut batch = WriteBatch::new();
+        batch.put(hw.clone(), value(1));
+        store.write(batch, Sync::Durable).await.expect("put");
+        store.flush().await.expect("flush");
+        for n in 2..5 {
+            let mut batch = WriteBatch::new();
+            batch.put(hw.clone(), value(n));
+            store.write(batch, Sync::Buffered).await.expect("put");
+        }
+        assert_eq!(store.get(&hw).await.expect("get"), Some(value(4)));
+        let mut batch = WriteBatch::new();
+        batch.delete(hw.clone());
+        store.write(batch, Sync::Durable).await.expect("delete");
+        assert_eq!(store.get(&hw).await.expect("get"), None);
+        store.flush().await.expect("flush");
+        assert_eq!(store.get(&hw).await.expect("get"), None);
+        store.close().await.expect("close");
+        let store = LsmStore::open(&path, small_options())
+            .await
+            .expect("reopen");
+        assert_eq!(store.get(&hw).await.expect("get"), None);
+        store.close().await.expect("close");
+    });
+}
+
+#[test]
+fn unflushed_writes_are_recovered_from_the_wal_after_a_drop_without_close() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        {
+            let store = LsmStore::open(&path, small_options()).await.expect("open");
+            store
+                .write(puts(0..30, 0), Sync::Durable)
+                .await
+                .expect("put");
+            store.flush().await.expect("flush");
+            store
+                .write(puts(30..60, 0), Sync::Durable)
+                .await
+                .expect("put");
+            store
+                .write(deletes(0..5), Sync::Durable)
+                .await
+                .expect("delete");
+            store
+                .write(deletes(40..45), Sync::Durable)
+                .await
+                .expect("delete");
+            // Dropped without close: the memtable is only in the WAL.
+        }
+        let store = LsmStore::open(&path, small_options())
+            .await
+            .expect("reopen");
+        let report = store.stats().recovery;
+        assert_eq!(report.records_replayed, 3, "{report:#?}");
+        assert_eq!(report.tables, 1);
+        let expected: Vec<u64> = (5..40).chain(45..60).collect();
+        assert_eq!(all_ids(&store).await, expected);
+        store.close().await.expect("close");
+        let store = LsmStore::open(&path, small_options())
+            .await
+            .expect("reopen");
+        assert_eq!(store.stats().recovery.records_replayed, 0, "close flushed");
+        assert_eq!(all_ids(&store).await, expected);
+        store.close().await.expect("close");
+    });
+}
+
+#[test]
+fn a_torn_wal_tail_is_truncated_and_earlier_batches_survive() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        {
+            let store = LsmStore::open(&path, small_options()).await.expect("open");
+            for i in 0..10 {
+                store
+                    .write(puts(i * 10..i * 10 + 10, 0), Sync::Durable)
+                    .await
+                    .expect("put");
+            }
+        }
+        let segment = std::fs::read_dir(&path)
+            .expect("list")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "log"))
+            .expect("a WAL segment");
+        let mut bytes = std::fs::read(&segment).expect("read");
+        let len = bytes.len();
+        // Each durable batch was its own padded 4 KiB write: damage the last record itself.
+        let at = len - 4096 + 100;
+        bytes[at] ^= 0xFF;
+        std::fs::write(&segment, &bytes).expect("write");
+        let store = LsmStore::open(&path, small_options())
+            .await
+            .expect("reopen");
+        let report = store.stats().recovery;
+        let torn = report.torn_tail.clone().expect("torn tail reported");
+        assert!(torn.file.ends_with(".log"));
+        let ids = all_ids(&store).await;
+        assert!(!ids.is_empty() && ids.len() < 100, "{} ids", ids.len());
+        assert_eq!(ids.len() % 10, 0, "batches are recovered whole");
+        assert_eq!(ids, (0..ids.len() as u64).collect::<Vec<_>>());
+        // The store keeps working after the truncation, and a second reopen agrees.
+        store
+            .write(puts(500..510, 0), Sync::Durable)
+            .await
+            .expect("put");
+        drop(store);
+        let store = LsmStore::open(&path, small_options())
+            .await
+            .expect("reopen");
+        assert!(store.stats().recovery.torn_tail.is_none());
+        let again = all_ids(&store).await;
+        assert_eq!(again.len(), ids.len() + 10);
+        store.close().await.expect("close");
+    });
+}
+
+#[test]
+fn a_corrupt_table_is_refused_at_open_with_its_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let store = LsmStore::open(&path, small_options()).await.expect("open");
+        store
+            .write(puts(0..100, 0), Sync::Durable)
+            .await
+            .expect("put");
+        store.close().await.expect("close");
+        let table = std::fs::read_dir(&path)
+            .expect("list")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "sst"))
+            .expect("a table");
+        let mut bytes = std::fs::read(&table).expect("read");
+        let at = bytes.len() - 60;
+        bytes[at] ^= 0x01;
+        std::fs::write(&table, &bytes).expect("write");
+        match LsmStore::open(&path, small_options()).await {
+            Err(StoreError::Corrupt { file, .. }) => {
+                assert_eq!(file, table.display().to_string())
+            }
+            Err(other) => panic!("expected corruption, got {other}"),
+            Ok(_) => panic!("a corrupt table was accepted"),
+        }
+    });
+}
+
+#[test]
+fn expired_messages_are_dropped_by_compaction_and_space_is_reclaimed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let clock = Rc::new(ManualClock::new(1_000));
+        let env = LsmEnv {
+            clock: Some(clock.clone()),
+            background_queue: None,
+        };
+        let store = LsmStore::open_with(&path, small_options(), env)
+            .await
+            .expect("open");
+        store
+            .write(puts(0..200, 500), Sync::Durable)
+            .await
+            .expect("put");
+        store
+            .write(puts(200..300, 0), Sync::Durable)
+            .await
+            .expect("put");
+        store.flush().await.expect("flush");
+        assert_eq!(store.stats().table_entries, 300);
+        clock.set(1_500);
+        store.compact_all().await.expect("compact");
+        let stats = store.stats();
+        assert_eq!(stats.compaction_expired_dropped, 200, "{stats:#?}");
+        assert_eq!(stats.table_entries, 100);
+        assert_eq!(all_ids(&store).await, (200..300).collect::<Vec<_>>());
+        store.close().await.expect("close");
+    });
+}
+
+#[test]
+fn full_publish_ack_cycle_then_compaction_leaves_little_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let store = LsmStore::open(&path, small_options()).await.expect("open");
+        // Messages that wait long enough to reach tables, then are ACKed.
+        for chunk in 0..20u64 {
+            store
+                .write(puts(chunk * 100..chunk * 100 + 100, 0), Sync::Buffered)
+                .await
+                .expect("put");
+        }
+        store.flush().await.expect("flush");
+        let live_ids: Vec<u64> = (1900..2000).collect();
+        for chunk in 0..19u64 {
+            store
+                .write(deletes(chunk * 100..chunk * 100 + 100), Sync::Buffered)
+                .await
+                .expect("ack");
+        }
+        store.flush().await.expect("flush");
+        store.compact_all().await.expect("compact");
+        let stats = store.stats();
+        assert_eq!(all_ids(&store).await, live_ids);
+        let live_bytes: u64 = 100 * (24 + message(0, 0).len() as u64);
+        assert!(
+            stats.table_bytes * 2 <= live_bytes * 3,
+            "disk {} vs live {live_bytes}: {stats:#?}",
+            stats.table_bytes
+        );
+        store.close().await.expect("close");
+    });
+}
+
+#[test]
+fn scans_page_consistently_across_memtables_and_tables() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let store = LsmStore::open(&path, small_options()).await.expect("open");
+        store
+            .write(puts(0..300, 0), Sync::Buffered)
+            .await
+            .expect("put");
+        store.flush().await.expect("flush");
+        store
+            .write(puts(300..600, 0), Sync::Buffered)
+            .await
+            .expect("put");
+        store.flush().await.expect("flush");
+        store
+            .write(deletes(100..400), Sync::Buffered)
+            .await
+            .expect("del");
+        store
+            .write(puts(600..700, 0), Sync::Buffered)
+            .await
+            .expect("put");
+        let mut seen = Vec::new();
+        let mut start = pinq::key::Key::new();
+        loop {
+            let page = store.scan(&start, Some(&[0x80]), 37).await.expect("scan");
+            let Some((last, _)) = page.last() else { break };
+            start = last.clone();
+            start.push(0);
+            seen.extend(
+                page.iter()
+                    .map(|(k, _)| EventKey::parse(k).expect("key").event_id()),
+            );
+        }
+        let expected: Vec<u64> = (0..100).chain(400..700).collect();
+        assert_eq!(seen, expected);
+        let first = store.first_key(&key(100), None).await.expect("first");
+        assert_eq!(first, Some(key(400)));
+        store.close().await.expect("close");
+        assert!(matches!(
+            store.write(puts(0..1, 0), Sync::Durable).await,
+            Err(StoreError::Closed)
+        ));
+    });
+}
+
+#[test]
+fn memtable_bound_freezes_and_flushes_in_the_background() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let store = LsmStore::open(&path, small_options()).await.expect("open");
+        for chunk in 0..50u64 {
+            store
+                .write(puts(chunk * 20..chunk * 20 + 20, 0), Sync::Buffered)
+                .await
+                .expect("put");
+        }
+        store.sync().await.expect("sync");
+        let stats = store.stats();
+        assert!(stats.memtable_bytes <= 64 << 10, "{stats:#?}");
+        store.flush().await.expect("flush");
+        let stats = store.stats();
+        assert!(stats.flushes >= 3, "{stats:#?}");
+        assert_eq!(
+            stats.wal_segments, 1,
+            "covered segments are deleted: {stats:#?}"
+        );
+        assert_eq!(all_ids(&store).await.len(), 1000);
+        store.close().await.expect("close");
+    });
+}
