@@ -45,7 +45,8 @@ impl From<AckArg> for AckLevel {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration like 500ms or 2s: {e}"))
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like 500ms or 2s: {e}"))
 }
 
 #[derive(Debug, Args)]
@@ -102,7 +103,9 @@ fn ms(d: Option<Duration>) -> i64 {
 /// Runs a client future on a one-off glommio executor.
 fn block_on<T: Send + 'static>(
     name: &str,
-    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<T>>>> + Send + 'static,
+    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<T>>>>
+        + Send
+        + 'static,
 ) -> anyhow::Result<T> {
     LocalExecutorBuilder::new(Placement::Unbound)
         .name(name)
@@ -124,7 +127,8 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
                 ttl_ms: ms(args.ttl) as u64,
                 ..PublishMessage::new(args.topic.clone(), payload)
             };
-            let mut publisher = crate::client::Publisher::new(&client, args.ack.into(), PUBLISH_WINDOW);
+            let mut publisher =
+                crate::client::Publisher::new(&client, args.ack.into(), PUBLISH_WINDOW);
             let mut sent = 0usize;
             if args.messages.is_empty() {
                 let stdin = std::io::stdin();
@@ -134,7 +138,10 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
                     batch.push(make(line.into_bytes()));
                     if batch.len() == STDIN_BATCH_LEN {
                         sent += batch.len();
-                        publisher.send(std::mem::take(&mut batch)).await.context("publishing")?;
+                        publisher
+                            .send(std::mem::take(&mut batch))
+                            .await
+                            .context("publishing")?;
                     }
                 }
                 if !batch.is_empty() {
@@ -142,7 +149,11 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
                     publisher.send(batch).await.context("publishing")?;
                 }
             } else {
-                let batch: Vec<PublishMessage> = args.messages.iter().map(|m| make(m.clone().into_bytes())).collect();
+                let batch: Vec<PublishMessage> = args
+                    .messages
+                    .iter()
+                    .map(|m| make(m.clone().into_bytes()))
+                    .collect();
                 sent += batch.len();
                 publisher.send(batch).await.context("publishing")?;
             }
@@ -168,7 +179,10 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
             let client = Client::connect(args.server.as_str())
                 .await
                 .with_context(|| format!("connecting to {}", args.server))?;
-            let subscription = client.subscribe(&args.topic, &args.group, queue_size).await.context("subscribing")?;
+            let subscription = client
+                .subscribe(&args.topic, &args.group, queue_size)
+                .await
+                .context("subscribing")?;
             let mut handled = 0u64;
             let stdout = std::io::stdout();
             while handled < limit {
@@ -204,7 +218,7 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
                 if args.nack {
                     subscription.nack(&tags, 0).await.context("nack")?;
                 } else {
-                    subscription.ack(&tags, ).await.context("ack")?;
+                    subscription.ack(&tags).await.context("ack")?;
                 }
                 handled += take as u64;
             }
@@ -223,12 +237,30 @@ pub fn stats(args: ServerArgs) -> anyhow::Result<()> {
             let stats = client.stats().await.context("stats")?;
             println!(
                 "{:>5} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9} {:>12} {:>9} {:>8}",
-                "shard", "published", "dispatched", "acked", "nacked", "in_flight", "consumers", "redeliveries", "expired", "backlog"
+                "shard",
+                "published",
+                "dispatched",
+                "acked",
+                "nacked",
+                "in_flight",
+                "consumers",
+                "redeliveries",
+                "expired",
+                "backlog"
             );
             for s in &stats.shards {
                 println!(
                     "{:>5} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9} {:>12} {:>9} {:>8}",
-                    s.shard_id, s.published, s.dispatched, s.acked, s.nacked, s.in_flight, s.active_consumers, s.redeliveries, s.expired, s.backlog
+                    s.shard_id,
+                    s.published,
+                    s.dispatched,
+                    s.acked,
+                    s.nacked,
+                    s.in_flight,
+                    s.active_consumers,
+                    s.redeliveries,
+                    s.expired,
+                    s.backlog
                 );
             }
             Ok(())
@@ -243,7 +275,10 @@ pub fn topology(args: ServerArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("connecting to {}", args.server))?;
             for shard in client.topology().await.context("topology")? {
-                println!("shard {} cpu {} {}:{}", shard.shard_id, shard.cpu, shard.host, shard.port);
+                println!(
+                    "shard {} cpu {} {}:{}",
+                    shard.shard_id, shard.cpu, shard.host, shard.port
+                );
             }
             Ok(())
         })

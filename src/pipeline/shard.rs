@@ -1036,6 +1036,19 @@ impl ShardCore {
 
     /// When the shell should run the next pass (or flush, or sweep): at most a poll interval away.
     pub fn next_wake_ms(&self) -> u64 {
+        let mut at = self.next_pass_ms();
+        for candidate in [self.deleter.next_flush_ms(), self.janitor.next_sweep_ms()]
+            .into_iter()
+            .flatten()
+        {
+            at = at.min(candidate);
+        }
+        at.max(self.now_ms)
+    }
+
+    /// When the next dispatch pass is due, ignoring the deleter and the janitor (a shell that
+    /// runs those in their own tasks sleeps its dispatch loop until this).
+    pub fn next_pass_ms(&self) -> u64 {
         let now_ms = self.now_ms;
         if self.wake || self.productive {
             return now_ms;
@@ -1067,14 +1080,7 @@ impl ShardCore {
                 );
             }
         }
-        for candidate in [
-            self.inflight.next_timer_ms(),
-            self.deleter.next_flush_ms(),
-            self.janitor.next_sweep_ms(),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        if let Some(candidate) = self.inflight.next_timer_ms() {
             at = at.min(candidate);
         }
         at.max(now_ms)
