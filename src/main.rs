@@ -17,6 +17,10 @@ fn main() -> ExitCode {
     init_logging();
     let outcome = match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Publish(args) => cli::client_cmds::publish(args),
+        Command::Consume(args) => cli::client_cmds::consume(args),
+        Command::Stats(args) => cli::client_cmds::stats(args),
+        Command::Topology(args) => cli::client_cmds::topology(args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

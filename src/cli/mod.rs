@@ -6,8 +6,10 @@
 //! Logs go to stderr, so a subcommand's stdout carries only its output (`pinq consume` prints
 //! payloads there).
 
+pub mod client_cmds;
 pub mod serve_args;
 
+pub use client_cmds::{ConsumeArgs, PublishArgs, ServerArgs};
 pub use serve_args::ServeArgs;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +33,14 @@ pub enum Command {
     /// Configuration, lowest precedence first: embedded defaults < --config FILE <
     /// PINQ_<SECTION>_<KEY> environment variables < these flags. See pinq.example.toml.
     Serve(ServeArgs),
+    /// Publish messages (arguments, or one per line of stdin) and wait for their acknowledgement.
+    Publish(PublishArgs),
+    /// Consume messages: print each payload on its own line and ACK it (or NACK with --nack).
+    Consume(ConsumeArgs),
+    /// Print the broker's counters per shard.
+    Stats(ServerArgs),
+    /// Print the broker's shards and the port of each.
+    Topology(ServerArgs),
 }
 
 /// Exit status for a run that went wrong because of what the user asked for (bad configuration,

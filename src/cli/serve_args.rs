@@ -118,6 +118,7 @@ mod tests {
             Ok(Cli {
                 command: Command::Serve(args),
             }) => args,
+            Ok(other) => panic!("parsed as another subcommand: {other:?}"),
             Err(err) => panic!("{err}"),
         }
     }

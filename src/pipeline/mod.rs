@@ -34,4 +34,6 @@ pub use shard::{
 use crate::store::Store;
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod tests;

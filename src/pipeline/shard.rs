@@ -847,8 +847,14 @@ impl ShardCore {
                 .filter_map(|r| self.hub.recipients.get(r))
                 .map(|r| r.pending.len())
                 .sum();
-            let budget =
-                self.delivery.retry_len_max.saturating_sub(pending) / recipients.len().max(1);
+            // Each message read may park one copy per recipient in the retry lists, so a scan
+            // reads at most (free room / recipients) messages, but at least one while there is any
+            // room: with more recipients than the bound the quotient is 0, and the topic would
+            // never be read again. The lists may so overshoot the bound by `recipients - 1`.
+            let budget = match self.delivery.retry_len_max.saturating_sub(pending) {
+                0 => 0,
+                free => (free / recipients.len().max(1)).max(1),
+            };
             let limit = self.delivery.scan_batch_len_max.min(room).min(budget);
             topic.blocked = limit == 0;
             if topic.blocked {
@@ -859,7 +865,10 @@ impl ShardCore {
             topic.last_scan_ms = now_ms;
             topic.noted_during_scan = None;
             if start >= end {
+                // Only a publish still being written holds the bound this low. Nothing past the
+                // cursor is due before the bound, so a next due bucket below it is stale.
                 topic.more = false;
+                topic.next_due_bucket = topic.next_due_bucket.map(|due| due.max(bound));
                 continue;
             }
             requests.push(ScanRequest {
@@ -1027,6 +1036,19 @@ impl ShardCore {
 
     /// When the shell should run the next pass (or flush, or sweep): at most a poll interval away.
     pub fn next_wake_ms(&self) -> u64 {
+        let mut at = self.next_pass_ms();
+        for candidate in [self.deleter.next_flush_ms(), self.janitor.next_sweep_ms()]
+            .into_iter()
+            .flatten()
+        {
+            at = at.min(candidate);
+        }
+        at.max(self.now_ms)
+    }
+
+    /// When the next dispatch pass is due, ignoring the deleter and the janitor (a shell that
+    /// runs those in their own tasks sleeps its dispatch loop until this).
+    pub fn next_pass_ms(&self) -> u64 {
         let now_ms = self.now_ms;
         if self.wake || self.productive {
             return now_ms;
@@ -1040,6 +1062,16 @@ impl ShardCore {
                 .get(name)
                 .is_some_and(|m| m.live_consumers > 0);
             if let (true, false, Some(due)) = (served, topic.blocked, topic.next_due_bucket) {
+                // A pass cannot read at or past a publish still being written, and that write
+                // wakes the dispatcher when it lands (`on_publish_applied`): waking for it now
+                // would only spin on empty passes.
+                if self
+                    .unapplied
+                    .lowest_due(topic.hash)
+                    .is_some_and(|low| due >= low)
+                {
+                    continue;
+                }
                 // Bucket `due` is scanned once (now + 1) / bucket_ms > due.
                 at = at.min(
                     due.saturating_add(1)
@@ -1048,14 +1080,7 @@ impl ShardCore {
                 );
             }
         }
-        for candidate in [
-            self.inflight.next_timer_ms(),
-            self.deleter.next_flush_ms(),
-            self.janitor.next_sweep_ms(),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        if let Some(candidate) = self.inflight.next_timer_ms() {
             at = at.min(candidate);
         }
         at.max(now_ms)

@@ -349,9 +349,12 @@ impl Shard {
                 glommio::yield_if_needed().await;
                 continue;
             }
-            let wake_at = self.core.borrow().next_wake_ms();
+            let wake_at = self.core.borrow().next_pass_ms();
             let now = now_ms();
-            if wake_at > now {
+            if wake_at <= now {
+                // Due again already: let the shard's other tasks run first.
+                futures_lite::future::yield_now().await;
+            } else {
                 let sleep = glommio::timer::sleep(Duration::from_millis(wake_at - now));
                 futures_lite::future::or(
                     async {

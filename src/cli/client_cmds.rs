@@ -1,0 +1,286 @@
+//! `pinq publish`, `pinq consume`, `pinq stats` and `pinq topology`: the broker's CLI for people
+//! and scripts, over the client library on a single glommio executor.
+//!
+//! Exact forms (scripts depend on them):
+//! - `pinq publish --server ADDR --topic T [--delay DUR] [--ttl DUR] [--ack durable|leader|none] [MESSAGE...]`
+//!   (no MESSAGE: one message per line of stdin, sent in batches); exits 0 once every message is
+//!   acknowledged at the requested level.
+//! - `pinq consume --server ADDR --topic T [--group G] [--count N] [--timeout DUR] [--nack]`:
+//!   prints each payload on its own line, then ACKs (or NACKs) it; never handles more than N;
+//!   exits 0 when N are handled or DUR has passed.
+//! - `pinq stats --server ADDR`, `pinq topology --server ADDR`.
+
+use std::io::{BufRead, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use glommio::{LocalExecutorBuilder, Placement};
+
+use super::UsageError;
+use crate::client::Client;
+use crate::config::AckLevel;
+use crate::rpc::PublishMessage;
+
+/// Messages per publish batch when reading stdin.
+const STDIN_BATCH_LEN: usize = 256;
+/// Publish batches in flight at once.
+const PUBLISH_WINDOW: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AckArg {
+    Durable,
+    Leader,
+    None,
+}
+
+impl From<AckArg> for AckLevel {
+    fn from(a: AckArg) -> AckLevel {
+        match a {
+            AckArg::Durable => AckLevel::Durable,
+            AckArg::Leader => AckLevel::Leader,
+            AckArg::None => AckLevel::None,
+        }
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like 500ms or 2s: {e}"))
+}
+
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// Broker address, e.g. 127.0.0.1:7400.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    pub server: String,
+    /// Topic to publish to.
+    #[arg(long)]
+    pub topic: String,
+    /// Deliver no earlier than this after publishing (e.g. 500ms, 10s).
+    #[arg(long, value_parser = parse_duration)]
+    pub delay: Option<Duration>,
+    /// Expire the message this long after publishing (never by default).
+    #[arg(long, value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+    /// Acknowledgement level to wait for.
+    #[arg(long, value_enum, default_value = "durable")]
+    pub ack: AckArg,
+    /// Messages to publish; without any, each line of stdin is one message.
+    pub messages: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    pub server: String,
+    #[arg(long)]
+    pub topic: String,
+    /// Consumer group (competing consumers); empty or absent: a universal (fan-out) consumer.
+    #[arg(long, default_value = "")]
+    pub group: String,
+    /// Handle at most this many messages, then exit.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Exit after this long, however many messages were handled.
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// NACK each message instead of ACKing it (it will be redelivered).
+    #[arg(long)]
+    pub nack: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    pub server: String,
+}
+
+fn ms(d: Option<Duration>) -> i64 {
+    d.map_or(0, |d| d.as_millis().min(i64::MAX as u128) as i64)
+}
+
+/// Runs a client future on a one-off glommio executor.
+fn block_on<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<T>>>>
+        + Send
+        + 'static,
+) -> anyhow::Result<T> {
+    LocalExecutorBuilder::new(Placement::Unbound)
+        .name(name)
+        .spawn(move || async move { f().await })
+        .map_err(|e| anyhow::anyhow!("starting the client executor: {e}"))?
+        .join()
+        .map_err(|e| anyhow::anyhow!("client executor failed: {e}"))?
+}
+
+pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
+    crate::key::validate_topic(&args.topic).map_err(|e| UsageError(format!("--topic: {e}")))?;
+    block_on("pinq-publish", move || {
+        Box::pin(async move {
+            let client = Client::connect(args.server.as_str())
+                .await
+                .with_context(|| format!("connecting to {}", args.server))?;
+            let make = |payload: Vec<u8>| PublishMessage {
+                delay_ms: ms(args.delay) as u64,
+                ttl_ms: ms(args.ttl) as u64,
+                ..PublishMessage::new(args.topic.clone(), payload)
+            };
+            let mut publisher =
+                crate::client::Publisher::new(&client, args.ack.into(), PUBLISH_WINDOW);
+            let mut sent = 0usize;
+            if args.messages.is_empty() {
+                let stdin = std::io::stdin();
+                let mut batch = Vec::with_capacity(STDIN_BATCH_LEN);
+                for line in stdin.lock().lines() {
+                    let line = line.context("reading stdin")?;
+                    batch.push(make(line.into_bytes()));
+                    if batch.len() == STDIN_BATCH_LEN {
+                        sent += batch.len();
+                        publisher
+                            .send(std::mem::take(&mut batch))
+                            .await
+                            .context("publishing")?;
+                    }
+                }
+                if !batch.is_empty() {
+                    sent += batch.len();
+                    publisher.send(batch).await.context("publishing")?;
+                }
+            } else {
+                let batch: Vec<PublishMessage> = args
+                    .messages
+                    .iter()
+                    .map(|m| make(m.clone().into_bytes()))
+                    .collect();
+                sent += batch.len();
+                publisher.send(batch).await.context("publishing")?;
+            }
+            publisher.flush().await.context("publishing")?;
+            tracing::info!(messages = sent, topic = %args.topic, "published");
+            Ok(())
+        })
+    })
+}
+
+pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
+    crate::key::validate_topic(&args.topic).map_err(|e| UsageError(format!("--topic: {e}")))?;
+    if args.count == Some(0) {
+        return Ok(());
+    }
+    block_on("pinq-consume", move || {
+        Box::pin(async move {
+            let deadline = args.timeout.map(|t| Instant::now() + t);
+            let limit = args.count.unwrap_or(u64::MAX);
+            // Never take more than we may handle: a consumer that exits holding copies would
+            // only delay them until its disconnect releases them.
+            let queue_size = limit.min(1024) as u32;
+            let client = Client::connect(args.server.as_str())
+                .await
+                .with_context(|| format!("connecting to {}", args.server))?;
+            let subscription = client
+                .subscribe(&args.topic, &args.group, queue_size)
+                .await
+                .context("subscribing")?;
+            let mut handled = 0u64;
+            let stdout = std::io::stdout();
+            while handled < limit {
+                let wait = match deadline {
+                    Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                        Some(left) => left,
+                        None => break,
+                    },
+                    None => Duration::from_secs(3600),
+                };
+                let want = (limit - handled).min(256) as usize;
+                let batch = futures_lite::future::or(subscription.recv_batch(want), async {
+                    glommio::timer::sleep(wait).await;
+                    Vec::new()
+                })
+                .await;
+                if batch.is_empty() {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        break;
+                    }
+                    continue;
+                }
+                let take = batch.len().min((limit - handled) as usize);
+                {
+                    let mut out = stdout.lock();
+                    for delivery in &batch[..take] {
+                        out.write_all(&delivery.payload)?;
+                        out.write_all(b"\n")?;
+                    }
+                    out.flush()?;
+                }
+                let tags: Vec<_> = batch[..take].iter().map(|d| d.tag).collect();
+                if args.nack {
+                    subscription.nack(&tags, 0).await.context("nack")?;
+                } else {
+                    subscription.ack(&tags).await.context("ack")?;
+                }
+                handled += take as u64;
+            }
+            subscription.close().await.ok();
+            Ok(())
+        })
+    })
+}
+
+pub fn stats(args: ServerArgs) -> anyhow::Result<()> {
+    block_on("pinq-stats", move || {
+        Box::pin(async move {
+            let client = Client::connect(args.server.as_str())
+                .await
+                .with_context(|| format!("connecting to {}", args.server))?;
+            let stats = client.stats().await.context("stats")?;
+            println!(
+                "{:>5} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9} {:>12} {:>9} {:>8}",
+                "shard",
+                "published",
+                "dispatched",
+                "acked",
+                "nacked",
+                "in_flight",
+                "consumers",
+                "redeliveries",
+                "expired",
+                "backlog"
+            );
+            for s in &stats.shards {
+                println!(
+                    "{:>5} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9} {:>12} {:>9} {:>8}",
+                    s.shard_id,
+                    s.published,
+                    s.dispatched,
+                    s.acked,
+                    s.nacked,
+                    s.in_flight,
+                    s.active_consumers,
+                    s.redeliveries,
+                    s.expired,
+                    s.backlog
+                );
+            }
+            Ok(())
+        })
+    })
+}
+
+pub fn topology(args: ServerArgs) -> anyhow::Result<()> {
+    block_on("pinq-topology", move || {
+        Box::pin(async move {
+            let client = Client::connect(args.server.as_str())
+                .await
+                .with_context(|| format!("connecting to {}", args.server))?;
+            for shard in client.topology().await.context("topology")? {
+                println!(
+                    "shard {} cpu {} {}:{}",
+                    shard.shard_id, shard.cpu, shard.host, shard.port
+                );
+            }
+            Ok(())
+        })
+    })
+}

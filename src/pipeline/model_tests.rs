@@ -1,0 +1,1010 @@
+//! Model test of the delivery core: seeded random sequences of publish, subscribe, unsubscribe,
+//! drain, ACK, NACK, touch, time, dispatch passes, delete flushes and janitor sweeps, run through
+//! the `Sim` harness and checked after every step against a small reference model.
+//!
+//! The model does not re-implement dispatch. It records what it has seen (publishes, deliveries,
+//! settlement results, passes, deletes) and derives what the core may and may not do next:
+//!
+//! - a delivery is of the consumer's topic, not before its due time, not at or after its expiry,
+//!   not after its key's delete was applied, not to a recipient that has ACKed it, and not to a
+//!   second consumer of a recipient while the copy is known to be held by another (or is waiting
+//!   out a NACK delay);
+//! - only the holder's ACK/NACK/touch is accepted; a known holder's is never refused;
+//! - a key is deleted only once it expired or every sticky recipient ACKed it;
+//! - queues and unacknowledged copies stay within their bounds;
+//! - at the end, with every consumer ACKing and time run past every delay, lease, TTL and
+//!   retention, every message without a TTL reached every sticky recipient and the store is empty.
+//!
+//! "Known to be held" is a [`Lock`]: the copy cannot change hands until a dispatch pass runs at or
+//! after `until_ms` (leases and NACK delays are released only by passes). A lease's deadline is at
+//! least `inFlightTimeout` after the consumer's queue was last seen empty, since the copy was
+//! queued after that.
+//!
+//! A failing seed is printed with its last steps (all of them with `PINQ_MODEL_TRACE=1`);
+//! `PINQ_MODEL_SEED=N` replays one seed and `PINQ_MODEL_SEEDS=N` runs more seeds than the default.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use futures_lite::future::block_on;
+
+use super::drive;
+use super::shard::{Delivery, PublishMessage, StoreBatch, TagResult};
+use super::tests::Sim;
+use super::ConsumerId;
+use crate::config::{AckLevel, DeliveryConfig};
+use crate::key::{due_bucket, EventKey, TopicHash};
+
+const SEEDS: u64 = 200;
+const STEPS: usize = 300;
+const CONSUMERS_MAX: usize = 12;
+const SLOW_PUBLISHES_MAX: usize = 2;
+const DELAY_MAX_MS: u64 = 2_000;
+const TTL_MAX_MS: u64 = 3_000;
+const NACK_DELAY_MAX_MS: u64 = 1_500;
+const ADVANCE_MAX_MS: u64 = 1_500;
+const FINAL_ROUNDS_MAX: usize = 50;
+const TRACE_SHOWN: usize = 80;
+/// Wake-ups in a row at one instant before the shell is declared to busy-loop.
+const SHELL_SPINS_MAX: usize = 1_000;
+
+const TOPICS: [&str; 3] = ["t0", "t1", "t2"];
+/// Sticky group: one member per topic from before the first publish to the end.
+const STICKY_GROUP: &str = "g1";
+const GROUPS: [&str; 3] = [STICKY_GROUP, "g2", ""];
+
+/// A recipient as the model names it: a group of a topic, or one universal consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Rcpt {
+    Group { topic: usize, group: &'static str },
+    Universal(ConsumerId),
+}
+
+struct Message {
+    topic: usize,
+    enqueued_at_ms: u64,
+    delay_ms: u64,
+    ttl_ms: u64,
+    /// In the store (a slow publish is not until it completes; a failed one never is).
+    stored: bool,
+    abandoned: bool,
+    deleted: bool,
+    delivered_to: BTreeSet<Rcpt>,
+    acked_by: BTreeSet<Rcpt>,
+}
+
+impl Message {
+    fn expired_at(&self, now_ms: u64) -> bool {
+        self.ttl_ms > 0 && now_ms >= self.enqueued_at_ms + self.ttl_ms
+    }
+}
+
+struct Consumer {
+    topic: usize,
+    group: &'static str,
+    sticky: bool,
+    uuid: uuid::Uuid,
+    /// When its queue was last seen empty: everything queued later was queued at or after this.
+    emptied_at_ms: u64,
+    /// Tags drained and not yet settled by this consumer (candidates for ACK, NACK, touch).
+    holding: Vec<EventKey>,
+}
+
+/// The copy cannot change hands (or, with `holder: None`, cannot be handed out at all) until a
+/// dispatch pass numbered above `after_pass` runs at or after `until_ms`.
+#[derive(Clone, Copy, Debug)]
+struct Lock {
+    holder: Option<ConsumerId>,
+    until_ms: u64,
+    after_pass: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum CopyState {
+    Locked(Lock),
+    Acked,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct CopyRecord {
+    state: CopyState,
+    last_attempt: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Settle {
+    Ack,
+    Nack(u64),
+    Touch,
+}
+
+struct Model {
+    seed: u64,
+    rng: fastrand::Rng,
+    cfg: DeliveryConfig,
+    sim: Sim,
+    topics: usize,
+    consumers: BTreeMap<ConsumerId, Consumer>,
+    sticky_universal: Vec<ConsumerId>,
+    messages: BTreeMap<EventKey, Message>,
+    copies: BTreeMap<(EventKey, Rcpt), CopyRecord>,
+    slow: Vec<StoreBatch>,
+    passes: u64,
+    last_pass_ms: u64,
+    next_uuid: u128,
+    next_payload: u64,
+    trace: Vec<String>,
+}
+
+impl Model {
+    fn new(seed: u64) -> Model {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let cfg = DeliveryConfig {
+            dispatch_poll_interval_ms: 50,
+            in_flight_timeout_ms: 1_000,
+            delete_batch_interval_ms: 100,
+            delete_batch_keys_max: rng.usize(1..=8),
+            ttl_sweep_interval_ms: 3_000,
+            consumer_queue_len_max: rng.usize(1..=4),
+            time_bucket_ms: [1, 1, 1, 7, 10][rng.usize(0..5)],
+            group_retention_ms: 5_000,
+            unacked_per_consumer_max: rng.usize(1..=6),
+            retry_len_max: rng.usize(2..=32),
+            scan_batch_len_max: rng.usize(1..=8),
+        };
+        let topics = rng.usize(2..=3);
+        let sim = Sim::new(cfg.clone());
+        let mut model = Model {
+            seed,
+            rng,
+            cfg,
+            sim,
+            topics,
+            consumers: BTreeMap::new(),
+            sticky_universal: Vec::new(),
+            messages: BTreeMap::new(),
+            copies: BTreeMap::new(),
+            slow: Vec::new(),
+            passes: 0,
+            last_pass_ms: 0,
+            next_uuid: 1,
+            next_payload: 0,
+            trace: Vec::new(),
+        };
+        model.note(format!("seed {seed}: {} topics, {:?}", topics, model.cfg));
+        for topic in 0..topics {
+            model.subscribe(topic, STICKY_GROUP, true);
+            let universal = model.subscribe(topic, "", true);
+            model.sticky_universal.push(universal);
+        }
+        model
+    }
+
+    fn note(&mut self, line: String) {
+        self.trace.push(line);
+    }
+
+    fn now(&self) -> u64 {
+        self.sim.now_ms
+    }
+
+    fn rcpt_of(&self, consumer: ConsumerId) -> Rcpt {
+        let c = &self.consumers[&consumer];
+        if c.group.is_empty() {
+            Rcpt::Universal(consumer)
+        } else {
+            Rcpt::Group {
+                topic: c.topic,
+                group: c.group,
+            }
+        }
+    }
+
+    /// Whether `lock` still holds: no pass after it was taken has run at or after `until_ms`.
+    fn locked(&self, lock: &Lock) -> bool {
+        !(self.passes > lock.after_pass && self.last_pass_ms >= lock.until_ms)
+    }
+
+    // ---- the random phase ----------------------------------------------------------------
+
+    fn run(&mut self) {
+        for _ in 0..STEPS {
+            self.random_step();
+            self.check_bounds();
+        }
+        self.final_phase();
+    }
+
+    fn random_step(&mut self) {
+        let roll = self.rng.u32(0..100);
+        match roll {
+            0..=19 => self.publish(),
+            20..=22 => self.begin_slow_publish(),
+            23..=25 => self.complete_slow_publish(),
+            26 => self.fail_slow_publish(),
+            27..=31 => {
+                if self.consumers.len() < CONSUMERS_MAX {
+                    let topic = self.rng.usize(0..self.topics);
+                    let group = GROUPS[self.rng.usize(0..GROUPS.len())];
+                    self.subscribe(topic, group, false);
+                }
+            }
+            32..=35 => self.unsubscribe_random(),
+            36..=49 => {
+                if let Some(c) = self.random_consumer() {
+                    let max = if self.rng.bool() {
+                        usize::MAX
+                    } else {
+                        self.rng.usize(1..=3)
+                    };
+                    self.drain(c, max);
+                }
+            }
+            50..=61 => self.settle_random(Settle::Ack),
+            62..=66 => {
+                let delay = if self.rng.bool() {
+                    0
+                } else {
+                    self.rng.u64(1..=NACK_DELAY_MAX_MS)
+                };
+                self.settle_random(Settle::Nack(delay));
+            }
+            67..=70 => self.settle_random(Settle::Touch),
+            71..=80 => {
+                let ms = self.rng.u64(0..=ADVANCE_MAX_MS);
+                self.advance(ms);
+            }
+            81..=84 => {
+                let ms = self.rng.u64(0..=ADVANCE_MAX_MS);
+                self.run_like_the_shell(ms);
+            }
+            85..=88 => {
+                self.pass();
+            }
+            89..=94 => self.settle(),
+            95..=96 => self.flush_deletes(),
+            97 => self.failed_flush(),
+            98 => self.sweep(),
+            _ => self.forget_group(),
+        }
+    }
+
+    fn random_consumer(&mut self) -> Option<ConsumerId> {
+        let ids: Vec<ConsumerId> = self.consumers.keys().copied().collect();
+        (!ids.is_empty()).then(|| ids[self.rng.usize(0..ids.len())])
+    }
+
+    fn new_message(&mut self) -> PublishMessage {
+        let topic = self.rng.usize(0..self.topics);
+        let delay_ms = if self.rng.u8(0..10) < 3 {
+            self.rng.u64(0..=DELAY_MAX_MS)
+        } else {
+            0
+        };
+        let ttl_ms = if self.rng.u8(0..10) < 3 {
+            self.rng.u64(1..=TTL_MAX_MS)
+        } else {
+            0
+        };
+        self.next_payload += 1;
+        PublishMessage {
+            delay_ms: delay_ms as i64,
+            ttl_ms: ttl_ms as i64,
+            ..PublishMessage::new(TOPICS[topic], format!("m{}", self.next_payload).as_bytes())
+        }
+    }
+
+    fn record_published(&mut self, key: EventKey, message: &PublishMessage, stored: bool) {
+        let topic = TOPICS.iter().position(|t| *t == message.topic).unwrap();
+        let now = self.now();
+        assert_eq!(key.topic_hash(), TopicHash::of(&message.topic));
+        assert_eq!(
+            key.due_bucket(),
+            due_bucket(now, message.delay_ms as u64, self.cfg.time_bucket_ms),
+            "a key's due bucket is its due time's bucket"
+        );
+        let fresh = self.messages.insert(
+            key,
+            Message {
+                topic,
+                enqueued_at_ms: now,
+                delay_ms: message.delay_ms as u64,
+                ttl_ms: message.ttl_ms as u64,
+                stored,
+                abandoned: false,
+                deleted: false,
+                delivered_to: BTreeSet::new(),
+                acked_by: BTreeSet::new(),
+            },
+        );
+        assert!(
+            fresh.is_none(),
+            "a delivery tag was handed out twice: {key:?}"
+        );
+    }
+
+    fn publish(&mut self) {
+        let n = self.rng.usize(1..=3);
+        let batch: Vec<PublishMessage> = (0..n).map(|_| self.new_message()).collect();
+        let tags = block_on(drive::publish(
+            &self.sim.core,
+            &self.sim.store,
+            self.now(),
+            &batch,
+            AckLevel::Durable,
+        ))
+        .unwrap();
+        assert_eq!(tags.len(), batch.len());
+        for (key, message) in tags.iter().zip(&batch) {
+            self.note(format!(
+                "@{} publish {} {:?} delay {} ttl {} -> {key:?}",
+                self.now(),
+                message.topic,
+                String::from_utf8_lossy(&message.payload),
+                message.delay_ms,
+                message.ttl_ms
+            ));
+            self.record_published(*key, message, true);
+        }
+    }
+
+    /// A publish whose keys are assigned but whose store write has not landed yet.
+    fn begin_slow_publish(&mut self) {
+        if self.slow.len() >= SLOW_PUBLISHES_MAX {
+            return;
+        }
+        let message = self.new_message();
+        let batch = self
+            .sim
+            .core
+            .borrow_mut()
+            .prepare_publish(
+                self.now(),
+                std::slice::from_ref(&message),
+                AckLevel::Durable,
+            )
+            .unwrap();
+        let key = batch.messages[0].0;
+        self.note(format!(
+            "@{} slow publish begins {} delay {} ttl {} -> {key:?}",
+            self.now(),
+            message.topic,
+            message.delay_ms,
+            message.ttl_ms
+        ));
+        self.record_published(key, &message, false);
+        self.slow.push(batch);
+    }
+
+    fn complete_slow_publish(&mut self) {
+        if self.slow.is_empty() {
+            return;
+        }
+        let batch = self.slow.remove(self.rng.usize(0..self.slow.len()));
+        self.note(format!(
+            "@{} slow publish lands {:?}",
+            self.now(),
+            batch.tags()
+        ));
+        self.sim.store.inner.apply(batch.to_write_batch());
+        self.sim.core.borrow_mut().on_publish_applied(&batch);
+        for key in batch.tags() {
+            self.messages.get_mut(&key).unwrap().stored = true;
+        }
+    }
+
+    fn fail_slow_publish(&mut self) {
+        if self.slow.is_empty() {
+            return;
+        }
+        let batch = self.slow.remove(self.rng.usize(0..self.slow.len()));
+        self.note(format!(
+            "@{} slow publish fails {:?}",
+            self.now(),
+            batch.tags()
+        ));
+        self.sim.core.borrow_mut().on_publish_failed(batch.id);
+        for key in batch.tags() {
+            self.messages.get_mut(&key).unwrap().abandoned = true;
+        }
+    }
+
+    fn subscribe(&mut self, topic: usize, group: &'static str, sticky: bool) -> ConsumerId {
+        let uuid = uuid::Uuid::from_u128(self.next_uuid);
+        self.next_uuid += 1;
+        let now = self.now();
+        let id = self
+            .sim
+            .core
+            .borrow_mut()
+            .subscribe(now, TOPICS[topic], group, uuid)
+            .unwrap();
+        self.note(format!(
+            "@{now} subscribe {} {group:?}{} -> {id:?}",
+            TOPICS[topic],
+            if sticky { " (sticky)" } else { "" }
+        ));
+        let fresh = self.consumers.insert(
+            id,
+            Consumer {
+                topic,
+                group,
+                sticky,
+                uuid,
+                emptied_at_ms: now,
+                holding: Vec::new(),
+            },
+        );
+        assert!(fresh.is_none(), "consumer id reused: {id:?}");
+        id
+    }
+
+    fn unsubscribe_random(&mut self) {
+        let leaving: Vec<ConsumerId> = self
+            .consumers
+            .iter()
+            .filter(|(_, c)| !c.sticky)
+            .map(|(id, _)| *id)
+            .collect();
+        if leaving.is_empty() {
+            return;
+        }
+        let id = leaving[self.rng.usize(0..leaving.len())];
+        let now = self.now();
+        self.note(format!("@{now} unsubscribe {id:?}"));
+        self.sim.core.borrow_mut().unsubscribe(now, id).unwrap();
+        self.consumers.remove(&id);
+        // Copies it was known to hold are released at once: the next pass may hand them to
+        // anyone. (A copy whose lock has lapsed may already have moved on: nothing is known.)
+        let passes = self.passes;
+        let last_pass_ms = self.last_pass_ms;
+        for record in self.copies.values_mut() {
+            if let CopyState::Locked(lock) = &mut record.state {
+                let held = !(passes > lock.after_pass && last_pass_ms >= lock.until_ms);
+                if held && lock.holder == Some(id) {
+                    *lock = Lock {
+                        holder: None,
+                        until_ms: now,
+                        after_pass: passes,
+                    };
+                }
+            }
+        }
+    }
+
+    fn forget_group(&mut self) {
+        let topic = self.rng.usize(0..self.topics);
+        let now = self.now();
+        let result = self
+            .sim
+            .core
+            .borrow_mut()
+            .forget_group(now, TOPICS[topic], "g2");
+        let members = self
+            .consumers
+            .values()
+            .filter(|c| c.topic == topic && c.group == "g2")
+            .count();
+        self.note(format!(
+            "@{now} forget group {} g2 ({members} members) -> {result:?}",
+            TOPICS[topic]
+        ));
+        if members > 0 {
+            assert!(
+                result.is_err(),
+                "a group with consumers cannot be forgotten"
+            );
+        }
+    }
+
+    // ---- deliveries ----------------------------------------------------------------------
+
+    fn drain(&mut self, consumer: ConsumerId, max: usize) -> usize {
+        let now = self.now();
+        let deliveries = self.sim.core.borrow_mut().drain(now, consumer, max);
+        assert!(deliveries.len() <= max);
+        self.note(format!(
+            "@{now} drain {consumer:?} max {max} -> {:?}",
+            deliveries
+                .iter()
+                .map(|d| (d.key, d.attempt))
+                .collect::<Vec<_>>()
+        ));
+        for delivery in &deliveries {
+            self.check_delivery(consumer, delivery);
+        }
+        let queue_len = self.sim.core.borrow().consumer_info(consumer).unwrap().2;
+        if queue_len == 0 {
+            self.consumers.get_mut(&consumer).unwrap().emptied_at_ms = now;
+        }
+        deliveries.len()
+    }
+
+    fn check_delivery(&mut self, consumer: ConsumerId, delivery: &Delivery) {
+        let now = self.now();
+        let key = delivery.key;
+        let rcpt = self.rcpt_of(consumer);
+        let c = &self.consumers[&consumer];
+        let Some(m) = self.messages.get(&key) else {
+            panic!("{consumer:?} got a message nobody published: {key:?}");
+        };
+        let stored = delivery.value.message().unwrap();
+        assert_eq!(
+            stored.topic.as_str(),
+            TOPICS[c.topic],
+            "{consumer:?} got a message of another topic: {key:?}"
+        );
+        assert_eq!(m.topic, c.topic);
+        assert!(m.stored && !m.abandoned, "delivered before it was stored");
+        assert!(
+            now >= m.enqueued_at_ms + m.delay_ms,
+            "{key:?} delivered at {now}, before its due time {}",
+            m.enqueued_at_ms + m.delay_ms
+        );
+        assert!(
+            !m.expired_at(now),
+            "{key:?} delivered at {now}, at or after its expiry {}",
+            m.enqueued_at_ms + m.ttl_ms
+        );
+        assert!(!m.deleted, "{key:?} delivered after its delete was applied");
+        let emptied_at_ms = c.emptied_at_ms;
+        let previous = self.copies.get(&(key, rcpt)).copied();
+        if let Some(record) = previous {
+            match record.state {
+                CopyState::Acked => panic!("{key:?} delivered to {rcpt:?}, which has ACKed it"),
+                CopyState::Locked(lock) => {
+                    assert!(
+                        !self.locked(&lock) || lock.holder == Some(consumer),
+                        "{key:?} delivered to {consumer:?} of {rcpt:?} while {lock:?} holds \
+                         (passes {}, last pass at {})",
+                        self.passes,
+                        self.last_pass_ms
+                    );
+                }
+            }
+            assert!(
+                delivery.attempt > record.last_attempt,
+                "attempt {} of {key:?} for {rcpt:?} after attempt {}",
+                delivery.attempt,
+                record.last_attempt
+            );
+        }
+        self.copies.insert(
+            (key, rcpt),
+            CopyRecord {
+                state: CopyState::Locked(Lock {
+                    holder: Some(consumer),
+                    until_ms: emptied_at_ms + self.cfg.in_flight_timeout_ms,
+                    after_pass: self.passes,
+                }),
+                last_attempt: delivery.attempt,
+            },
+        );
+        self.messages
+            .get_mut(&key)
+            .unwrap()
+            .delivered_to
+            .insert(rcpt);
+        let holding = &mut self.consumers.get_mut(&consumer).unwrap().holding;
+        if !holding.contains(&key) {
+            holding.push(key);
+        }
+    }
+
+    // ---- ACK, NACK, touch ----------------------------------------------------------------
+
+    fn settle_random(&mut self, how: Settle) {
+        let Some(consumer) = self.random_consumer() else {
+            return;
+        };
+        let mut tags: Vec<EventKey> = self.consumers[&consumer]
+            .holding
+            .iter()
+            .copied()
+            .filter(|_| self.rng.u8(0..10) < 6)
+            .collect();
+        // Now and then a tag this consumer may well not hold: another's, or one never published.
+        if self.rng.u8(0..10) < 3 && !self.messages.is_empty() {
+            let keys: Vec<EventKey> = self.messages.keys().copied().collect();
+            tags.push(keys[self.rng.usize(0..keys.len())]);
+        }
+        if self.rng.u8(0..20) == 0 {
+            tags.push(EventKey::new(TopicHash::of(TOPICS[0]), 0, u64::MAX / 2));
+        }
+        if tags.is_empty() {
+            return;
+        }
+        self.settle_tags(consumer, &tags, how);
+    }
+
+    fn settle_tags(&mut self, consumer: ConsumerId, tags: &[EventKey], how: Settle) {
+        let now = self.now();
+        let raw: Vec<&[u8]> = tags.iter().map(|k| k.as_bytes().as_slice()).collect();
+        let results = {
+            let mut core = self.sim.core.borrow_mut();
+            match how {
+                Settle::Ack => core.ack(now, consumer, &raw),
+                Settle::Nack(delay) => core.nack(now, consumer, &raw, delay),
+                Settle::Touch => core.touch(now, consumer, &raw),
+            }
+        }
+        .unwrap();
+        self.note(format!(
+            "@{now} {how:?} {consumer:?} {:?}",
+            tags.iter().zip(&results).collect::<Vec<_>>()
+        ));
+        assert_eq!(results.len(), tags.len());
+        for (key, result) in tags.iter().zip(results) {
+            self.check_settled(consumer, *key, result, how);
+        }
+    }
+
+    fn check_settled(
+        &mut self,
+        consumer: ConsumerId,
+        key: EventKey,
+        result: TagResult,
+        how: Settle,
+    ) {
+        let now = self.now();
+        let rcpt = self.rcpt_of(consumer);
+        let topic = self.consumers[&consumer].topic;
+        let Some(m) = self.messages.get(&key) else {
+            assert_eq!(result, TagResult::UnknownTag, "{key:?} was never published");
+            return;
+        };
+        if m.deleted {
+            assert_eq!(
+                result,
+                TagResult::UnknownTag,
+                "{how:?} of {key:?}, whose delete was applied"
+            );
+        }
+        if m.topic != topic {
+            assert_ne!(
+                result,
+                TagResult::Ok,
+                "{consumer:?} settled a message of another topic"
+            );
+        }
+        let expired = m.expired_at(now);
+        let record = self.copies.get(&(key, rcpt)).copied();
+        match record.map(|r| r.state) {
+            Some(CopyState::Acked) if !m.deleted => assert_eq!(
+                result,
+                TagResult::AlreadyAcked,
+                "{how:?} by {consumer:?} of {key:?}, which {rcpt:?} ACKed"
+            ),
+            Some(CopyState::Locked(lock)) if self.locked(&lock) => {
+                if lock.holder == Some(consumer) {
+                    if !expired {
+                        assert_eq!(
+                            result,
+                            TagResult::Ok,
+                            "{how:?} of {key:?} by its holder {consumer:?} was refused"
+                        );
+                    }
+                } else {
+                    assert_ne!(
+                        result,
+                        TagResult::Ok,
+                        "{how:?} of {key:?} by {consumer:?} accepted while {lock:?} holds"
+                    );
+                }
+            }
+            _ => {}
+        }
+        let passes = self.passes;
+        let last_attempt = record.map_or(0, |r| r.last_attempt);
+        let holding = &mut self.consumers.get_mut(&consumer).unwrap().holding;
+        if result != TagResult::Ok {
+            holding.retain(|k| *k != key);
+            return;
+        }
+        let state = match how {
+            Settle::Ack => {
+                holding.retain(|k| *k != key);
+                self.messages.get_mut(&key).unwrap().acked_by.insert(rcpt);
+                CopyState::Acked
+            }
+            Settle::Nack(delay_ms) => {
+                holding.retain(|k| *k != key);
+                CopyState::Locked(Lock {
+                    holder: None,
+                    until_ms: now + delay_ms,
+                    after_pass: passes,
+                })
+            }
+            Settle::Touch => {
+                if !holding.contains(&key) {
+                    holding.push(key);
+                }
+                CopyState::Locked(Lock {
+                    holder: Some(consumer),
+                    until_ms: now + self.cfg.in_flight_timeout_ms,
+                    after_pass: passes,
+                })
+            }
+        };
+        self.copies.insert(
+            (key, rcpt),
+            CopyRecord {
+                state,
+                last_attempt,
+            },
+        );
+    }
+
+    // ---- time, passes, deletes, sweeps ---------------------------------------------------
+
+    fn advance(&mut self, ms: u64) {
+        self.sim.advance(ms);
+        self.note(format!("@{} advanced {ms}", self.now()));
+    }
+
+    fn pass(&mut self) -> bool {
+        self.passes += 1;
+        self.last_pass_ms = self.now();
+        let productive = self.sim.pass();
+        self.note(format!(
+            "@{} pass {} -> productive {productive}",
+            self.now(),
+            self.passes
+        ));
+        productive
+    }
+
+    fn settle(&mut self) {
+        for _ in 0..1_000 {
+            if !self.pass() {
+                return;
+            }
+        }
+        panic!("the dispatcher never settled");
+    }
+
+    /// Moves time forward as the shell would: to each `next_wake_ms` in turn, running a pass, a
+    /// delete flush and a sweep there.
+    fn run_like_the_shell(&mut self, ms: u64) {
+        let target = self.now() + ms;
+        let mut spins = 0;
+        loop {
+            // The core's clock moves only when it is called, so a wake-up it asks for may already
+            // lie behind the model's clock: that means "at once".
+            let wake = self.sim.core.borrow().next_wake_ms().max(self.now());
+            if wake > target {
+                break;
+            }
+            spins = if wake == self.now() { spins + 1 } else { 0 };
+            assert!(
+                spins <= SHELL_SPINS_MAX,
+                "the shell busy-loops at {wake}: next_wake_ms keeps answering now, stats {:?}",
+                self.sim.core.borrow().stats()
+            );
+            self.sim.now_ms = wake;
+            self.pass();
+            self.flush_deletes();
+            self.sweep();
+        }
+        self.sim.now_ms = target;
+        self.note(format!("@{} shell ran to here", self.now()));
+    }
+
+    fn flush_deletes(&mut self) {
+        let batches = self.sim.flush_deletes();
+        self.note(format!("@{} flushed {batches} delete batches", self.now()));
+        if batches > 0 {
+            self.note_deletes();
+        }
+    }
+
+    /// A delete flush whose store write fails: nothing is deleted, the batch is retried later.
+    fn failed_flush(&mut self) {
+        *self.sim.store.fail_writes.borrow_mut() = true;
+        let result = block_on(drive::flush_deletes(
+            &self.sim.core,
+            &self.sim.store,
+            self.now(),
+        ));
+        *self.sim.store.fail_writes.borrow_mut() = false;
+        self.note(format!("@{} failed flush -> {result:?}", self.now()));
+        self.note_deletes();
+    }
+
+    fn sweep(&mut self) {
+        let swept = block_on(drive::sweep(
+            &self.sim.core,
+            &self.sim.store,
+            self.now(),
+            || async {},
+        ))
+        .unwrap();
+        if swept {
+            self.note(format!("@{} janitor swept", self.now()));
+        }
+    }
+
+    /// Finds keys whose delete was applied and checks each was allowed to go.
+    fn note_deletes(&mut self) {
+        let now = self.now();
+        let gone: Vec<EventKey> = self
+            .messages
+            .iter()
+            .filter(|(key, m)| m.stored && !m.deleted && !self.sim.stored(key))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in gone {
+            let m = &self.messages[&key];
+            let sticky = [
+                Rcpt::Group {
+                    topic: m.topic,
+                    group: STICKY_GROUP,
+                },
+                Rcpt::Universal(self.sticky_universal[m.topic]),
+            ];
+            assert!(
+                m.expired_at(now) || sticky.iter().all(|r| m.acked_by.contains(r)),
+                "{key:?} deleted at {now} before it expired and before {:?} ACKed it (ACKed by {:?})",
+                sticky,
+                m.acked_by
+            );
+            self.note(format!("@{now} deleted {key:?}"));
+            self.messages.get_mut(&key).unwrap().deleted = true;
+        }
+    }
+
+    fn check_bounds(&self) {
+        let core = self.sim.core.borrow();
+        assert_eq!(core.consumer_count(), self.consumers.len());
+        for (id, c) in &self.consumers {
+            let (uuid, topic, queue_len, held_len) = core.consumer_info(*id).unwrap();
+            assert_eq!(uuid, c.uuid);
+            assert_eq!(topic, TOPICS[c.topic]);
+            assert!(
+                queue_len <= self.cfg.consumer_queue_len_max,
+                "{id:?} queues {queue_len}, consumerQueueSize is {}",
+                self.cfg.consumer_queue_len_max
+            );
+            assert!(
+                held_len <= self.cfg.unacked_per_consumer_max,
+                "{id:?} holds {held_len}, maxUnackedPerConsumer is {}",
+                self.cfg.unacked_per_consumer_max
+            );
+        }
+    }
+
+    // ---- the final phase -----------------------------------------------------------------
+
+    /// Every consumer ACKs everything it gets; time runs past every delay, lease, NACK delay,
+    /// TTL, group retention, delete interval and sweep interval; repeated until nothing is left.
+    fn final_phase(&mut self) {
+        self.note("final phase".into());
+        while !self.slow.is_empty() {
+            self.complete_slow_publish();
+        }
+        let step_ms = [
+            DELAY_MAX_MS,
+            TTL_MAX_MS,
+            NACK_DELAY_MAX_MS,
+            self.cfg.in_flight_timeout_ms,
+            self.cfg.group_retention_ms,
+            self.cfg.ttl_sweep_interval_ms,
+            self.cfg.delete_batch_interval_ms,
+        ]
+        .into_iter()
+        .max()
+        .unwrap()
+            + 1;
+        let mut quiet = false;
+        for _ in 0..FINAL_ROUNDS_MAX {
+            self.advance(step_ms);
+            let mut delivered = 0;
+            for _ in 0..100 {
+                self.settle();
+                let ids: Vec<ConsumerId> = self.consumers.keys().copied().collect();
+                let mut round = 0;
+                for id in ids {
+                    round += self.drain(id, usize::MAX);
+                    let tags = self.consumers[&id].holding.clone();
+                    if !tags.is_empty() {
+                        self.settle_tags(id, &tags, Settle::Ack);
+                    }
+                    self.check_bounds();
+                }
+                delivered += round;
+                if round == 0 {
+                    break;
+                }
+            }
+            self.flush_deletes();
+            self.sweep();
+            self.flush_deletes();
+            if delivered == 0 && self.sim.event_keys_stored() == 0 {
+                quiet = true;
+                break;
+            }
+        }
+        if !quiet {
+            let left: Vec<String> = self
+                .messages
+                .iter()
+                .filter(|(_, m)| m.stored && !m.deleted)
+                .map(|(key, m)| {
+                    format!(
+                        "{key:?} enqueued {} delay {} ttl {} delivered to {:?} acked by {:?}",
+                        m.enqueued_at_ms, m.delay_ms, m.ttl_ms, m.delivered_to, m.acked_by
+                    )
+                })
+                .collect();
+            panic!(
+                "never quiet at {}: {} event keys stored, stats {:?}, left:\n  {}",
+                self.now(),
+                self.sim.event_keys_stored(),
+                self.sim.core.borrow().stats(),
+                left.join("\n  ")
+            );
+        }
+        for (key, m) in &self.messages {
+            if m.ttl_ms > 0 || m.abandoned {
+                continue;
+            }
+            let sticky = [
+                Rcpt::Group {
+                    topic: m.topic,
+                    group: STICKY_GROUP,
+                },
+                Rcpt::Universal(self.sticky_universal[m.topic]),
+            ];
+            for rcpt in sticky {
+                // A consumer may ACK a copy queued for it before draining it (the random phase
+                // ACKs tags it did not receive): that settles the recipient's claim as well.
+                assert!(
+                    m.delivered_to.contains(&rcpt) || m.acked_by.contains(&rcpt),
+                    "{key:?} (no TTL) was never delivered to {rcpt:?}"
+                );
+            }
+            assert!(m.deleted, "{key:?} still stored");
+        }
+        let stats = self.sim.core.borrow().stats();
+        assert_eq!(stats.in_flight, 0, "in-flight entries left: {stats:?}");
+        assert_eq!(stats.delete_queued, 0, "deletes left: {stats:?}");
+    }
+}
+
+fn run_seed(seed: u64) {
+    let mut model = Model::new(seed);
+    let outcome = catch_unwind(AssertUnwindSafe(|| model.run()));
+    if let Err(panic) = outcome {
+        let message = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        let shown = if std::env::var_os("PINQ_MODEL_TRACE").is_some() {
+            usize::MAX
+        } else {
+            TRACE_SHOWN
+        };
+        let skip = model.trace.len().saturating_sub(shown);
+        let trace = model.trace[skip..].join("\n  ");
+        panic!(
+            "model test failed at seed {} (replay: PINQ_MODEL_SEED={} cargo test --lib \
+             model_test): {message}\nlast steps:\n  {trace}",
+            model.seed, model.seed
+        );
+    }
+}
+
+#[test]
+fn model_test_random_operations_keep_the_delivery_invariants() {
+    if let Ok(seed) = std::env::var("PINQ_MODEL_SEED") {
+        run_seed(seed.parse().expect("PINQ_MODEL_SEED is a number"));
+        return;
+    }
+    let seeds = std::env::var("PINQ_MODEL_SEEDS")
+        .ok()
+        .map_or(SEEDS, |n| n.parse().expect("PINQ_MODEL_SEEDS is a number"));
+    for seed in 0..seeds {
+        run_seed(seed);
+    }
+}
