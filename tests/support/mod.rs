@@ -1,0 +1,233 @@
+//! Test support: a real `pinq serve` process on 127.0.0.1 with ephemeral ports.
+//!
+//! `Server::start(args)` spawns the binary Cargo built for this test run, reads the line
+//! `pinq listening on ADDR with N shard(s) on CPUs [..]; shard ports P,Q` from its stdout and
+//! returns once the broker accepts connections. Dropping the `Server` kills the process.
+//! Each test file that uses it declares `mod support;` and may use only part of it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How long a server may take to print its listening line.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running `pinq serve` child process.
+pub struct Server {
+    child: Option<Child>,
+    /// The shared client address (every shard accepts on it).
+    pub addr: SocketAddr,
+    /// Each shard's own port, in shard order.
+    pub shard_ports: Vec<u16>,
+    /// The data directory the server was started with.
+    pub data_dir: PathBuf,
+    /// Everything the server printed after the listening line (stdout and stderr merged),
+    /// collected by a reader thread.
+    output: mpsc::Receiver<String>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+/// The path of the `pinq` binary built for this test run.
+pub fn pinq_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_pinq")
+}
+
+impl Server {
+    /// Starts `pinq serve --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --data-dir <tmp>`
+    /// plus `args` (later flags win), with `env` added to the environment.
+    pub fn start(args: &[&str]) -> Server {
+        Server::start_with_env(args, &[])
+    }
+
+    /// Like [`Server::start`], with extra environment variables (`PINQ_DELIVERY_…`).
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let data_dir = tmp.path().join("data");
+        let mut server = Server::start_in(&data_dir, args, env);
+        server._tmp = Some(tmp);
+        server
+    }
+
+    /// Starts a server on an existing data directory (to restart after a kill).
+    pub fn start_in(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(pinq_bin());
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--metrics-listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
+        let mut child = cmd.spawn().expect("spawn pinq serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel::<String>();
+        let tx_err = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stderr);
+            let mut buf = String::new();
+            loop {
+                buf.clear();
+                match reader.read_line(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        eprint!("[pinq] {buf}");
+                        if tx_err.send(buf.trim_end().to_string()).is_err() {
+                            // Keep draining so the child never blocks on a full pipe.
+                            let mut sink = Vec::new();
+                            let _ = reader.read_to_end(&mut sink);
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        let deadline = std::time::Instant::now() + START_TIMEOUT;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some((addr, shard_ports)) = parse_listening(&line) {
+                        return Server {
+                            child: Some(child),
+                            addr,
+                            shard_ports,
+                            data_dir: data_dir.to_path_buf(),
+                            output: rx,
+                            _tmp: None,
+                        };
+                    }
+                    seen.push(line);
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    let status = child.wait().ok();
+                    panic!(
+                        "pinq serve did not report its address (status {status:?}); output:\n{}",
+                        seen.join("\n")
+                    );
+                }
+            }
+        }
+    }
+
+    /// `127.0.0.1:PORT` of the shared client port, as the CLI's `--server` takes it.
+    pub fn server_arg(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// The address of shard `i`'s own port.
+    pub fn shard_addr(&self, i: usize) -> SocketAddr {
+        SocketAddr::new(self.addr.ip(), self.shard_ports[i])
+    }
+
+    /// The OS process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Kills the process with SIGKILL (as `kill -9` would) and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends `signal` (e.g. `"TERM"`) with kill(1) and waits up to `timeout` for the exit.
+    /// Returns the exit code, or `None` if it did not exit in time (it is then killed).
+    pub fn signal_and_wait(&mut self, signal: &str, timeout: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Lines the server printed since start (stdout and stderr), without waiting.
+    pub fn drain_output(&self) -> Vec<String> {
+        self.output.try_iter().collect()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Parses `pinq listening on ADDR with N shard(s) on CPUs [..]; shard ports P,Q`.
+fn parse_listening(line: &str) -> Option<(SocketAddr, Vec<u16>)> {
+    let rest = line.strip_prefix("pinq listening on ")?;
+    let addr: SocketAddr = rest.split_whitespace().next()?.parse().ok()?;
+    let ports = rest
+        .rsplit_once("shard ports ")?
+        .1
+        .split(',')
+        .map(|p| p.trim().parse().ok())
+        .collect::<Option<Vec<u16>>>()?;
+    Some((addr, ports))
+}
+
+/// Runs the `pinq` CLI with `args` and optional stdin; returns (exit code, stdout, stderr).
+pub fn cli(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(pinq_bin())
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pinq");
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin");
+        pipe.write_all(input.as_bytes()).expect("write stdin");
+    }
+    let out = child.wait_with_output().expect("wait pinq");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
