@@ -141,6 +141,8 @@ fn cli_consume_never_handles_more_than_count() {
             &addr,
             "--topic",
             "t",
+            "--group",
+            "g",
             "--count",
             "3",
             "--timeout",
@@ -150,8 +152,8 @@ fn cli_consume_never_handles_more_than_count() {
     );
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().count(), 3, "printed {out:?}");
-    // The fourth was not ACKed by the first consumer (it never saw it, or handed it back), so
-    // exactly one remains.
+    // The fourth was not handled by the first member of the group (it may have been delivered
+    // to it; closing the subscription handed it back), so the next member gets exactly it.
     let (code, rest, err) = cli(
         &[
             "consume",
@@ -159,6 +161,8 @@ fn cli_consume_never_handles_more_than_count() {
             &addr,
             "--topic",
             "t",
+            "--group",
+            "g",
             "--timeout",
             "8s",
             "--count",
@@ -188,6 +192,8 @@ fn cli_nack_hands_the_message_back_for_redelivery() {
             &addr,
             "--topic",
             "jobs",
+            "--group",
+            "g",
             "--count",
             "1",
             "--nack",
@@ -205,6 +211,8 @@ fn cli_nack_hands_the_message_back_for_redelivery() {
             &addr,
             "--topic",
             "jobs",
+            "--group",
+            "g",
             "--count",
             "1",
             "--timeout",
@@ -214,6 +222,30 @@ fn cli_nack_hands_the_message_back_for_redelivery() {
     );
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "retry-me\n", "a NACKed message is delivered again");
+}
+
+#[test]
+fn a_universal_consumer_that_leaves_drops_its_copies() {
+    // PRODUCT.md §1: fan-out listeners do not hold messages back; a universal consumer that
+    // disconnects is forgotten with its copies, NACKed or not.
+    let server = memory_server(&[]);
+    let addr = server.server_arg();
+    let (code, _, err) = cli(
+        &["publish", "--server", &addr, "--topic", "news", "once"],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let consume = |extra: &[&str]| {
+        let mut args = vec![
+            "consume", "--server", &addr, "--topic", "news", "--count", "1",
+        ];
+        args.extend_from_slice(extra);
+        cli(&args, None)
+    };
+    let (code, out, err) = consume(&["--nack", "--timeout", "15s"]);
+    assert_eq!((code, out.as_str()), (0, "once\n"), "{err}");
+    let (code, out, err) = consume(&["--timeout", "1s"]);
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
 }
 
 #[test]
@@ -602,7 +634,7 @@ fn bad_requests_get_errors_and_the_broker_keeps_serving() {
         refused(
             client
                 .publish(
-                    [PublishMessage::new("t", vec![0u8; 64 << 20])],
+                    [PublishMessage::new("t", vec![0u8; 2 << 20])],
                     AckLevel::Durable,
                 )
                 .await,
