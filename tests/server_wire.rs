@@ -611,6 +611,17 @@ fn bad_requests_get_errors_and_the_broker_keeps_serving() {
     drop(std::net::TcpStream::connect(addr).expect("connect"));
 
     on_executor(move || async move {
+        // A client that vanishes in the middle of a publish call.
+        {
+            let quitter = Client::connect(addr).await.expect("connect");
+            let batch: Vec<PublishMessage> = (0..2000)
+                .map(|i| PublishMessage::new("abandoned", format!("m{i}")))
+                .collect();
+            let reply = quitter.publish(batch, AckLevel::Durable);
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+            drop(reply);
+            drop(quitter);
+        }
         let client = Client::connect(addr).await.expect("connect");
         let refused = |r: Result<Vec<pinq::client::EventKey>, ClientError>, what: &str| match r {
             Err(ClientError::Refused(_)) | Err(ClientError::InvalidRequest(_)) => {}
