@@ -61,65 +61,38 @@ fn memory_server(extra: &[&str]) -> Server {
     Server::start(&args)
 }
 
+/// `pinq publish --server ADDR --topic TOPIC ARGS..` with `stdin`; asserts exit 0.
+fn publish(addr: &str, topic: &str, args: &[&str], stdin: Option<&str>) {
+    let mut all = vec!["publish", "--server", addr, "--topic", topic];
+    all.extend_from_slice(args);
+    let (code, out, err) = cli(&all, stdin);
+    assert_eq!(code, 0, "pinq {all:?} failed:\n{out}{err}");
+}
+
+/// `pinq consume --server ADDR --topic TOPIC ARGS..`; asserts exit 0 and returns what it printed.
+fn consume(addr: &str, topic: &str, args: &[&str]) -> String {
+    let mut all = vec!["consume", "--server", addr, "--topic", topic];
+    all.extend_from_slice(args);
+    let (code, out, err) = cli(&all, None);
+    assert_eq!(code, 0, "pinq {all:?} failed:\n{out}{err}");
+    out
+}
+
 #[test]
 fn cli_publish_then_consume_prints_and_acks_each_message_once() {
     let server = memory_server(&[]);
     let addr = server.server_arg();
-    let (code, out, err) = cli(
-        &[
-            "publish", "--server", &addr, "--topic", "orders", "one", "two", "three",
-        ],
-        None,
-    );
-    assert_eq!(code, 0, "publish failed: {err}");
-    let (code, out2, err) = cli(
-        &[
-            "publish", "--server", &addr, "--topic", "orders", "--ack", "leader",
-        ],
-        Some("four\nfive\n"),
-    );
-    assert_eq!(code, 0, "publish from stdin failed: {err} {out2}");
-    let _ = out;
+    publish(&addr, "orders", &["one", "two", "three"], None);
+    publish(&addr, "orders", &["--ack", "leader"], Some("four\nfive\n"));
 
-    let (code, out, err) = cli(
-        &[
-            "consume",
-            "--server",
-            &addr,
-            "--topic",
-            "orders",
-            "--count",
-            "5",
-            "--timeout",
-            "15s",
-        ],
-        None,
-    );
-    assert_eq!(code, 0, "consume failed: {err}");
+    let out = consume(&addr, "orders", &["--count", "5", "--timeout", "15s"]);
     let got: BTreeSet<&str> = out.lines().collect();
-    assert_eq!(
-        got,
-        ["one", "two", "three", "four", "five"]
-            .into_iter()
-            .collect(),
-        "printed: {out:?}"
-    );
+    let want: BTreeSet<&str> = ["one", "two", "three", "four", "five"].into();
+    assert_eq!(got, want, "printed: {out:?}");
     assert_eq!(out.lines().count(), 5, "each message printed once: {out:?}");
 
     // Everything was ACKed: a second consumer gets nothing.
-    let (code, out, err) = cli(
-        &[
-            "consume",
-            "--server",
-            &addr,
-            "--topic",
-            "orders",
-            "--timeout",
-            "700ms",
-        ],
-        None,
-    );
-    assert_eq!(code, 0, "empty consume failed: {err}");
+    let out = consume(&addr, "orders", &["--timeout", "700ms"]);
     assert_eq!(out, "", "acked messages came back");
 }
 
@@ -127,101 +100,38 @@ fn cli_publish_then_consume_prints_and_acks_each_message_once() {
 fn cli_consume_never_handles_more_than_count() {
     let server = memory_server(&[]);
     let addr = server.server_arg();
-    let (code, _, err) = cli(
-        &[
-            "publish", "--server", &addr, "--topic", "t", "a", "b", "c", "d",
-        ],
-        None,
+    publish(&addr, "t", &["a", "b", "c", "d"], None);
+    let first = consume(
+        &addr,
+        "t",
+        &["--group", "g", "--count", "3", "--timeout", "15s"],
     );
-    assert_eq!(code, 0, "{err}");
-    let (code, out, err) = cli(
-        &[
-            "consume",
-            "--server",
-            &addr,
-            "--topic",
-            "t",
-            "--group",
-            "g",
-            "--count",
-            "3",
-            "--timeout",
-            "15s",
-        ],
-        None,
-    );
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out.lines().count(), 3, "printed {out:?}");
+    assert_eq!(first.lines().count(), 3, "printed {first:?}");
     // The fourth was not handled by the first member of the group (it may have been delivered
     // to it; closing the subscription handed it back), so the next member gets exactly it.
-    let (code, rest, err) = cli(
-        &[
-            "consume",
-            "--server",
-            &addr,
-            "--topic",
-            "t",
-            "--group",
-            "g",
-            "--timeout",
-            "8s",
-            "--count",
-            "5",
-        ],
-        None,
+    let rest = consume(
+        &addr,
+        "t",
+        &["--group", "g", "--count", "5", "--timeout", "8s"],
     );
-    assert_eq!(code, 0, "{err}");
-    let mut all: Vec<&str> = out.lines().chain(rest.lines()).collect();
+    let mut all: Vec<&str> = first.lines().chain(rest.lines()).collect();
     all.sort_unstable();
-    assert_eq!(all, ["a", "b", "c", "d"], "first {out:?} then {rest:?}");
+    assert_eq!(all, ["a", "b", "c", "d"], "first {first:?} then {rest:?}");
 }
 
 #[test]
 fn cli_nack_hands_the_message_back_for_redelivery() {
     let server = memory_server(&[]);
     let addr = server.server_arg();
-    let (code, _, err) = cli(
-        &["publish", "--server", &addr, "--topic", "jobs", "retry-me"],
-        None,
+    publish(&addr, "jobs", &["retry-me"], None);
+    let once = ["--group", "g", "--count", "1", "--timeout", "15s"];
+    let nack: Vec<&str> = once.iter().copied().chain(["--nack"]).collect();
+    assert_eq!(consume(&addr, "jobs", &nack), "retry-me\n");
+    assert_eq!(
+        consume(&addr, "jobs", &once),
+        "retry-me\n",
+        "a NACKed message is delivered again"
     );
-    assert_eq!(code, 0, "{err}");
-    let (code, out, err) = cli(
-        &[
-            "consume",
-            "--server",
-            &addr,
-            "--topic",
-            "jobs",
-            "--group",
-            "g",
-            "--count",
-            "1",
-            "--nack",
-            "--timeout",
-            "15s",
-        ],
-        None,
-    );
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out, "retry-me\n");
-    let (code, out, err) = cli(
-        &[
-            "consume",
-            "--server",
-            &addr,
-            "--topic",
-            "jobs",
-            "--group",
-            "g",
-            "--count",
-            "1",
-            "--timeout",
-            "15s",
-        ],
-        None,
-    );
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out, "retry-me\n", "a NACKed message is delivered again");
 }
 
 #[test]
@@ -230,22 +140,17 @@ fn a_universal_consumer_that_leaves_drops_its_copies() {
     // disconnects is forgotten with its copies, NACKed or not.
     let server = memory_server(&[]);
     let addr = server.server_arg();
-    let (code, _, err) = cli(
-        &["publish", "--server", &addr, "--topic", "news", "once"],
-        None,
+    publish(&addr, "news", &["once"], None);
+    let got = consume(
+        &addr,
+        "news",
+        &["--count", "1", "--nack", "--timeout", "15s"],
     );
-    assert_eq!(code, 0, "{err}");
-    let consume = |extra: &[&str]| {
-        let mut args = vec![
-            "consume", "--server", &addr, "--topic", "news", "--count", "1",
-        ];
-        args.extend_from_slice(extra);
-        cli(&args, None)
-    };
-    let (code, out, err) = consume(&["--nack", "--timeout", "15s"]);
-    assert_eq!((code, out.as_str()), (0, "once\n"), "{err}");
-    let (code, out, err) = consume(&["--timeout", "1s"]);
-    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    assert_eq!(got, "once\n");
+    assert_eq!(
+        consume(&addr, "news", &["--count", "1", "--timeout", "1s"]),
+        ""
+    );
 }
 
 #[test]
@@ -387,54 +292,29 @@ fn a_killed_consumer_process_has_its_messages_redelivered() {
     // A `pinq consume` process that subscribes, is frozen (SIGSTOP) so it cannot ACK what it is
     // given, and is then killed with SIGKILL while it holds the message.
     let mut frozen = std::process::Command::new(support::pinq_bin())
-        .args([
-            "consume",
-            "--server",
-            &addr,
-            "--topic",
-            "k",
-            "--group",
-            "g",
-            "--timeout",
-            "60s",
-        ])
+        .args(["consume", "--server", &addr, "--topic", "k", "--group", "g"])
+        .args(["--timeout", "60s"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawn consumer");
     wait_for_consumers(&addr, 1);
     let pid = frozen.id().to_string();
-    assert!(std::process::Command::new("kill")
+    let stopped = std::process::Command::new("kill")
         .args(["-STOP", &pid])
         .status()
-        .expect("kill -STOP")
-        .success());
-    let (code, _, err) = cli(
-        &["publish", "--server", &addr, "--topic", "k", "held"],
-        None,
-    );
-    assert_eq!(code, 0, "{err}");
+        .expect("kill -STOP");
+    assert!(stopped.success());
+    publish(&addr, "k", &["held"], None);
     // The frozen consumer is the only one: the broker hands it the message.
     wait_for_in_flight(&addr, 1);
     frozen.kill().expect("kill -9 the frozen consumer");
     frozen.wait().expect("reap");
-    let (code, out, err) = cli(
-        &[
-            "consume",
-            "--server",
-            &addr,
-            "--topic",
-            "k",
-            "--group",
-            "g",
-            "--count",
-            "1",
-            "--timeout",
-            "15s",
-        ],
-        None,
+    let out = consume(
+        &addr,
+        "k",
+        &["--group", "g", "--count", "1", "--timeout", "15s"],
     );
-    assert_eq!(code, 0, "{err}");
     assert_eq!(
         out, "held\n",
         "the killed consumer's message is redelivered"
@@ -509,34 +389,10 @@ fn a_delayed_message_is_not_delivered_before_its_time() {
 fn an_expired_message_is_never_delivered() {
     let server = memory_server(&[]);
     let addr = server.server_arg();
-    let (code, _, err) = cli(
-        &[
-            "publish", "--server", &addr, "--topic", "fresh", "--ttl", "200ms", "stale",
-        ],
-        None,
-    );
-    assert_eq!(code, 0, "{err}");
-    let (code, _, err) = cli(
-        &[
-            "publish", "--server", &addr, "--topic", "fresh", "--ttl", "1h", "good",
-        ],
-        None,
-    );
-    assert_eq!(code, 0, "{err}");
+    publish(&addr, "fresh", &["--ttl", "200ms", "stale"], None);
+    publish(&addr, "fresh", &["--ttl", "1h", "good"], None);
     std::thread::sleep(Duration::from_millis(600));
-    let (code, out, err) = cli(
-        &[
-            "consume",
-            "--server",
-            &addr,
-            "--topic",
-            "fresh",
-            "--timeout",
-            "1500ms",
-        ],
-        None,
-    );
-    assert_eq!(code, 0, "{err}");
+    let out = consume(&addr, "fresh", &["--timeout", "1500ms"]);
     assert_eq!(out, "good\n", "only the unexpired message is delivered");
 }
 
