@@ -21,6 +21,10 @@ fn main() -> ExitCode {
         Command::Consume(args) => cli::client_cmds::consume(args),
         Command::Stats(args) => cli::client_cmds::stats(args),
         Command::Topology(args) => cli::client_cmds::topology(args),
+        // Doctor's exit status is its verdict, not an error.
+        Command::Doctor(args) => {
+            return ExitCode::from(pinq::ops::doctor::run(&args.cpus, &args.data_dir))
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
