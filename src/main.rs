@@ -48,7 +48,8 @@ fn init_logging() {
 /// runs the broker until it is told to stop.
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let env = pinq::config::env_from_process()?;
-    let config = args.load_config(env)?;
+    let mut config = args.load_config(env)?;
+    pinq::ops::numa::apply(&mut config)?;
     tracing::info!(
         shards = config.server.cpus.len(),
         cpus = %config.server.cpus,

@@ -7,6 +7,7 @@
 //! own pinned executor (`crate::server`), and Linux's default policy allocates on the local node.
 
 use super::host;
+use crate::config::{format_cpu_list, Config, CpuList, NumaMode};
 
 /// The node picked and its CPUs (within the allowed ones), with why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,9 +75,30 @@ pub fn resolve(allowed: &[usize]) -> Result<NumaChoice, String> {
     .ok_or_else(|| {
         format!(
             "no NUMA node has any of the allowed CPUs {}",
-            crate::config::format_cpu_list(allowed)
+            format_cpu_list(allowed)
         )
     })
+}
+
+/// Applies `server.numa = "auto"` to `config`: narrows `server.cpus` to one node's CPUs and logs
+/// the choice. Does nothing for `off`.
+pub fn apply(config: &mut Config) -> anyhow::Result<()> {
+    if config.server.numa != NumaMode::Auto {
+        return Ok(());
+    }
+    let choice = resolve(config.server.cpus.cpus())
+        .map_err(|e| anyhow::anyhow!("server.numa = \"auto\": {e}; use --numa off or --cpus"))?;
+    let text = format_cpu_list(&choice.cpus);
+    let cpus = CpuList::parse(&text)
+        .map_err(|e| anyhow::anyhow!("server.numa = \"auto\" chose CPUs {text}: {e}"))?;
+    tracing::info!(
+        node = choice.node,
+        cpus = %text,
+        reason = %choice.reason,
+        "numa auto: shards placed on the CPUs of one NUMA node"
+    );
+    config.server.cpus = cpus;
+    Ok(())
 }
 
 #[cfg(test)]
