@@ -175,7 +175,16 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     metrics.stop();
-    tracing::info!("pinq stopped: every shard drained and closed its store");
+    // Each shard stored a last snapshot after closing its store: report what it had stored.
+    let published: u64 = ops
+        .slots
+        .read()
+        .iter()
+        .flatten()
+        .map(|s| s.stats.counters.published_total)
+        .sum();
+    println!("pinq stopped: every shard drained and closed its store; {published} message(s) published since start");
+    tracing::info!(published, "pinq stopped");
     Ok(())
 }
 

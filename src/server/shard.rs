@@ -61,6 +61,23 @@ impl Sink {
     }
 }
 
+/// Counts one publish in progress for as long as it lives, so a publish whose task is dropped
+/// mid-write (its client went away) does not keep a shutdown waiting.
+struct InProgress<'a>(&'a Cell<usize>);
+
+impl<'a> InProgress<'a> {
+    fn enter(count: &'a Cell<usize>) -> InProgress<'a> {
+        count.set(count.get() + 1);
+        InProgress(count)
+    }
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
 /// The owner's view of where a consumer's deliveries go.
 struct Route {
     sink: SinkAddr,
@@ -186,11 +203,11 @@ impl Shard {
                     )));
                     return;
                 }
-                self.publishing.set(self.publishing.get() + 1);
+                let in_progress = InProgress::enter(&self.publishing);
                 let started = Instant::now();
                 let result =
                     drive::publish(&self.core, &self.store, now_ms(), &messages, ack).await;
-                self.publishing.set(self.publishing.get() - 1);
+                drop(in_progress);
                 if result.is_ok() {
                     let us = started.elapsed().as_micros() as u64;
                     self.recorder.borrow_mut().publish_latency.record(us);
