@@ -242,3 +242,17 @@ fn sigterm_while_publishing_loses_no_durable_acknowledged_message() {
         );
     }
 }
+
+#[test]
+fn serve_refuses_a_bad_config_naming_the_key_and_exits_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("pinq.toml");
+    std::fs::write(&path, "[server]\nnuma = \"auto\"\nmetricsPort = 9400\n").unwrap();
+    let (code, _, err) = cli(&["serve", "--config", path.to_str().unwrap()], None);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("server.metricsPort"), "{err}");
+    std::fs::write(&path, "[server]\nnuma = \"node1\"\n").unwrap();
+    let (code, _, err) = cli(&["serve", "--config", path.to_str().unwrap()], None);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("server.numa"), "{err}");
+}
