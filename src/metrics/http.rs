@@ -1,9 +1,10 @@
 //! The metrics endpoint: `GET /metrics` and `GET /healthz` on `server.metricsListen`, served by
 //! one plain OS thread with `tiny_http`, off every shard's core and hot path.
 //!
-//! `/metrics` renders the shards' latest snapshots (`encode.rs`). `/healthz` answers
-//! `200 ok` while the broker serves and `503 shutting down` once a shutdown has begun, so a load
-//! balancer stops sending clients before the listeners close. Anything else is a 404.
+//! `/metrics` renders the shards' latest snapshots (`encode.rs`). `/healthz` answers `503 starting`
+//! until every shard listens, `200 ok` while the broker serves and `503 shutting down` once a
+//! shutdown has begun, so a load balancer sends clients only to a broker that takes them.
+//! Anything else is a 404.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,10 +26,12 @@ pub struct MetricsEndpoint {
 }
 
 impl MetricsEndpoint {
-    /// Binds `addr` and starts the serving thread. `shutting_down` turns `/healthz` to 503.
+    /// Binds `addr` and starts the serving thread. `/healthz` is 200 while `serving` is set and
+    /// `shutting_down` is not.
     pub fn start(
         addr: SocketAddr,
         slots: MetricsSlots,
+        serving: Arc<AtomicBool>,
         shutting_down: Arc<AtomicBool>,
     ) -> anyhow::Result<MetricsEndpoint> {
         let server = tiny_http::Server::http(addr).map_err(|e| {
@@ -41,10 +44,10 @@ impl MetricsEndpoint {
             .to_ip()
             .ok_or_else(|| anyhow::anyhow!("metrics endpoint {addr} is not an IP address"))?;
         let server = Arc::new(server);
-        let serving = server.clone();
+        let server_ref = server.clone();
         let thread = std::thread::Builder::new()
             .name("pinq-metrics".into())
-            .spawn(move || serve(&serving, &slots, &shutting_down))?;
+            .spawn(move || serve(&server_ref, &slots, &serving, &shutting_down))?;
         Ok(MetricsEndpoint {
             server,
             thread: Some(thread),
@@ -61,7 +64,12 @@ impl MetricsEndpoint {
     }
 }
 
-fn serve(server: &tiny_http::Server, slots: &MetricsSlots, shutting_down: &AtomicBool) {
+fn serve(
+    server: &tiny_http::Server,
+    slots: &MetricsSlots,
+    serving: &AtomicBool,
+    shutting_down: &AtomicBool,
+) {
     for request in server.incoming_requests() {
         let path = request.url().split('?').next().unwrap_or("");
         let response = match (request.method(), path) {
@@ -72,6 +80,8 @@ fn serve(server: &tiny_http::Server, slots: &MetricsSlots, shutting_down: &Atomi
             (tiny_http::Method::Get, "/healthz") => {
                 if shutting_down.load(Ordering::Relaxed) {
                     text(503, "shutting down\n".into(), "text/plain")
+                } else if !serving.load(Ordering::Relaxed) {
+                    text(503, "starting\n".into(), "text/plain")
                 } else {
                     text(200, "ok\n".into(), "text/plain")
                 }

@@ -79,9 +79,11 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         shutdown: ShutdownFlag::default(),
     };
     shutdown::install(ops.shutdown.clone())?;
+    let serving = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let metrics = MetricsEndpoint::start(
         config.server.metrics_listen,
         ops.slots.clone(),
+        serving.clone(),
         ops.shutdown.shared(),
     )?;
 
@@ -166,6 +168,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         cpus,
         ports.join(",")
     );
+    serving.store(true, std::sync::atomic::Ordering::Relaxed);
     println!("pinq metrics on {}", metrics.addr);
     tracing::info!(listen = %shards[0].shared, metrics = %metrics.addr, shards = count, "pinq is serving");
 
