@@ -16,8 +16,9 @@
 //! client's `deliver` stream has taken the batch. A slow client therefore fills its hub queue and
 //! the dispatcher skips it, as PRODUCT.md §1 asks; nothing in between is unbounded.
 //!
-//! Shutdown ([`Shard::shut_down`], after the accept loops are dropped): refuse new publishes, wait
-//! for those in progress, close every sink, flush all waiting deletes, close the store.
+//! Shutdown ([`Shard::shut_down`], after the accept loops are dropped): refuse new publishes and
+//! stop the dispatch, deleter and janitor loops, wait for publishes in progress, close every sink,
+//! flush all waiting deletes, wait for the loops to return, close the store.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -61,8 +62,8 @@ impl Sink {
     }
 }
 
-/// Counts one publish in progress for as long as it lives, so a publish whose task is dropped
-/// mid-write (its client went away) does not keep a shutdown waiting.
+/// Counts one task in progress (a publish, a loop) for as long as it lives, so one whose task is
+/// dropped mid-write (its client went away) does not keep a shutdown waiting.
 struct InProgress<'a>(&'a Cell<usize>);
 
 impl<'a> InProgress<'a> {
@@ -118,6 +119,9 @@ pub struct Shard {
     draining: Cell<bool>,
     /// Publish batches between their start on this shard and their store acknowledgement.
     publishing: Cell<usize>,
+    /// Dispatch, deleter and janitor loops still running: the store is closed only once they
+    /// have returned, so no scan or write overlaps the close.
+    loops_running: Cell<usize>,
 }
 
 impl Shard {
@@ -147,6 +151,7 @@ impl Shard {
             recorder: RefCell::new(ShardRecorder::default()),
             draining: Cell::new(false),
             publishing: Cell::new(0),
+            loops_running: Cell::new(0),
         }
     }
 
@@ -394,7 +399,8 @@ impl Shard {
 
     /// The dispatch loop: passes, routing, then sleep until the next wake-up or a kick.
     pub async fn dispatch_loop(self: Rc<Self>, kicks: LocalReceiver<()>) {
-        loop {
+        let _running = InProgress::enter(&self.loops_running);
+        while !self.draining.get() {
             let now = now_ms();
             let started = Instant::now();
             let productive = match drive::dispatch_pass(&self.core, &self.store, now).await {
@@ -436,8 +442,9 @@ impl Shard {
 
     /// The deleter loop: flushes delete batches on the interval, or at once when one is full.
     pub async fn deleter_loop(self: Rc<Self>, kicks: LocalReceiver<()>) {
+        let _running = InProgress::enter(&self.loops_running);
         let interval = Duration::from_millis(self.delivery.delete_batch_interval_ms);
-        loop {
+        while !self.draining.get() {
             loop {
                 match drive::flush_delete_batch(&self.core, &self.store, now_ms(), false).await {
                     Ok(Some(keys)) => {
@@ -469,9 +476,13 @@ impl Shard {
 
     /// The janitor loop: a full sweep every `ttlSweepInterval`, yielding between pages.
     pub async fn janitor_loop(self: Rc<Self>) {
+        let _running = InProgress::enter(&self.loops_running);
         loop {
             let sleep_ms = self.delivery.ttl_sweep_interval_ms.min(1_000);
             glommio::timer::sleep(Duration::from_millis(sleep_ms)).await;
+            if self.draining.get() {
+                return;
+            }
             let swept = drive::sweep(&self.core, &self.store, now_ms(), || {
                 glommio::yield_if_needed()
             })
@@ -508,6 +519,9 @@ impl Shard {
     /// waiting delete and closes the store. Waits at most `deadline` for publishes and deletes.
     pub async fn shut_down(self: &Rc<Self>, deadline: Instant) {
         self.draining.set(true);
+        // Wake the loops so they see the flag and return (the janitor within its sleep, ≤ 1 s).
+        self.dispatcher.kick();
+        self.deleter.kick();
         while self.publishing.get() > 0 && Instant::now() < deadline {
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
@@ -539,6 +553,9 @@ impl Shard {
         }
         if self.core.borrow().deletes_busy() {
             tracing::warn!(shard = self.id, "deletes still waiting at the shutdown deadline: their messages may be delivered again after a restart");
+        }
+        while self.loops_running.get() > 0 && Instant::now() < deadline {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
         }
         if let Err(e) = self.store.close().await {
             tracing::error!(shard = self.id, "closing the store failed: {e}");
