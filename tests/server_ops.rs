@@ -4,10 +4,11 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use pinq::client::{AckLevel, Client, PublishMessage};
 use support::{cli, http_get, sample, Server};
 
 /// Upper bound on how long a graceful shutdown may take before the test calls it hung.
@@ -122,53 +123,72 @@ fn scrape_after_publishing_and_consuming_shows_the_counters_moving() {
     assert!(!page.contains("pinq_storage_"));
 }
 
-/// Publishes one message at a time with `--ack durable` until a publish fails or `stop` is set;
-/// returns the payloads the broker acknowledged.
-fn publish_until_refused(target: String, stop: Arc<AtomicBool>) -> Vec<String> {
-    let mut acked = Vec::new();
-    for i in 0.. {
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-        let payload = format!("m{i}");
-        let (code, _, _) = cli(
-            &[
-                "publish", "--server", &target, "--topic", "drain", "--ack", "durable", &payload,
-            ],
-            None,
-        );
-        if code != 0 {
-            break;
-        }
-        acked.push(payload);
-    }
-    acked
+/// Messages per publish batch of the background publisher.
+const PUBLISH_BATCH_LEN: usize = 10;
+
+/// Batches the publisher must have had acknowledged before the signal is sent, so the signal
+/// lands while it is publishing.
+const BATCHES_BEFORE_SIGNAL: usize = 20;
+
+/// Publishes batches with `durable` acks through the client library, one after the other, until
+/// a publish fails (the broker stopped taking them) or `stop` is set; returns the payloads the
+/// broker acknowledged. `progress` counts acknowledged batches.
+fn publish_until_refused(
+    addr: std::net::SocketAddr,
+    stop: Arc<AtomicBool>,
+    progress: Arc<AtomicUsize>,
+) -> Vec<String> {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .spawn(move || async move {
+            let mut acked = Vec::new();
+            let Ok(client) = Client::connect(addr).await else {
+                return acked;
+            };
+            let mut next = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let payloads: Vec<String> = (next..next + PUBLISH_BATCH_LEN)
+                    .map(|i| format!("m{i}"))
+                    .collect();
+                next += PUBLISH_BATCH_LEN;
+                let batch: Vec<PublishMessage> = payloads
+                    .iter()
+                    .map(|p| PublishMessage::new("drain", p.clone()))
+                    .collect();
+                match client.publish(batch, AckLevel::Durable).await {
+                    Ok(_) => acked.extend(payloads),
+                    Err(_) => break,
+                }
+                progress.fetch_add(1, Ordering::Relaxed);
+            }
+            acked
+        })
+        .expect("publisher executor")
+        .join()
+        .expect("publisher thread")
 }
 
-/// Runs a publisher while `signal` is sent; returns (exit code, acknowledged payloads).
+/// Sends `signal` while a publisher is publishing; returns (exit code, acknowledged payloads).
 fn signal_while_publishing(server: &mut Server, signal: &str) -> (Option<i32>, Vec<String>) {
     let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(None));
+    let progress = Arc::new(AtomicUsize::new(0));
     let publisher = {
-        let (target, stop, acked) = (server.server_arg(), stop.clone(), acked.clone());
-        std::thread::spawn(move || {
-            *acked.lock().unwrap() = Some(publish_until_refused(target, stop));
-        })
+        let (addr, stop, progress) = (server.addr, stop.clone(), progress.clone());
+        std::thread::spawn(move || publish_until_refused(addr, stop, progress))
     };
-    // Let some publishes through before the signal.
-    let target = server.server_arg();
-    let (code, out, err) = cli(
-        &[
-            "publish", "--server", &target, "--topic", "drain", "--ack", "durable", "first",
-        ],
-        None,
+    let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
+    while progress.load(Ordering::Relaxed) < BATCHES_BEFORE_SIGNAL
+        && !publisher.is_finished()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        progress.load(Ordering::Relaxed) >= BATCHES_BEFORE_SIGNAL,
+        "the publisher did not get going"
     );
-    assert_eq!(code, 0, "{out}{err}");
     let code = server.signal_and_wait(signal, SHUTDOWN_WAIT);
     stop.store(true, Ordering::Relaxed);
-    publisher.join().unwrap();
-    let mut acked = acked.lock().unwrap().take().unwrap_or_default();
-    acked.push("first".into());
+    let acked = publisher.join().expect("publisher");
     (code, acked)
 }
 
@@ -176,6 +196,10 @@ fn signal_while_publishing(server: &mut Server, signal: &str) -> (Option<i32>, V
 fn sigterm_while_publishing_durable_drains_and_exits_0() {
     let mut server = start();
     let (code, acked) = signal_while_publishing(&mut server, "TERM");
+    eprintln!(
+        "{} messages acknowledged before the broker stopped",
+        acked.len()
+    );
     assert_eq!(code, Some(0), "graceful shutdown must exit 0");
     assert!(!acked.is_empty());
     let output = server.drain_output().join("\n");
@@ -213,6 +237,10 @@ fn sigterm_while_publishing_loses_no_durable_acknowledged_message() {
     let mut server = Server::start(&["--cpus", "0", "--storage", "lsm"]);
     let data_dir = server.data_dir.clone();
     let (code, acked) = signal_while_publishing(&mut server, "TERM");
+    eprintln!(
+        "{} messages acknowledged before the broker stopped",
+        acked.len()
+    );
     assert_eq!(code, Some(0));
     let restarted = Server::start_in(&data_dir, &["--cpus", "0", "--storage", "lsm"], &[]);
     let target = restarted.server_arg();
