@@ -21,6 +21,10 @@ fn main() -> ExitCode {
         Command::Consume(args) => cli::client_cmds::consume(args),
         Command::Stats(args) => cli::client_cmds::stats(args),
         Command::Topology(args) => cli::client_cmds::topology(args),
+        // Doctor's exit status is its verdict, not an error.
+        Command::Doctor(args) => {
+            return ExitCode::from(pinq::ops::doctor::run(&args.cpus, &args.data_dir))
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -45,7 +49,8 @@ fn init_logging() {
 /// runs the broker until it is told to stop.
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let env = pinq::config::env_from_process()?;
-    let config = args.load_config(env)?;
+    let mut config = args.load_config(env)?;
+    pinq::ops::numa::apply(&mut config)?;
     tracing::info!(
         shards = config.server.cpus.len(),
         cpus = %config.server.cpus,

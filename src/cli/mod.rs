@@ -7,9 +7,11 @@
 //! payloads there).
 
 pub mod client_cmds;
+pub mod doctor_args;
 pub mod serve_args;
 
 pub use client_cmds::{ConsumeArgs, PublishArgs, ServerArgs};
+pub use doctor_args::DoctorArgs;
 pub use serve_args::ServeArgs;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +43,11 @@ pub enum Command {
     Stats(ServerArgs),
     /// Print the broker's shards and the port of each.
     Topology(ServerArgs),
+    /// Check this host for running pinq (governor, SMT, isolated cores, IRQ affinity, THP,
+    /// memlock, io_uring, O_DIRECT, NUMA) and say what to change.
+    ///
+    /// Exit status: 0 nothing to change, 1 warnings only, 2 pinq cannot run as configured.
+    Doctor(DoctorArgs),
 }
 
 /// Exit status for a run that went wrong because of what the user asked for (bad configuration,
