@@ -25,6 +25,7 @@ fn small_options() -> LsmOptions {
     LsmOptions {
         memtable_bytes_max: 64 << 10,
         block_bytes: 4096,
+        wal_preallocate_bytes: 256 << 10,
         compaction_interval_ms: 3_600_000,
         ..LsmOptions::default()
     }
@@ -198,6 +199,9 @@ fn unflushed_writes_are_recovered_from_the_wal_after_a_drop_without_close() {
             .expect("reopen");
         let report = store.stats().recovery;
         assert_eq!(report.records_replayed, 3, "{report:#?}");
+        // The segment is zero-filled past its last record (preallocation): that reads as a
+        // clean end, not as a torn tail.
+        assert_eq!(report.torn_tail, None, "{report:#?}");
         assert_eq!(report.tables, 1);
         let expected: Vec<u64> = (5..40).chain(45..60).collect();
         assert_eq!(all_ids(&store).await, expected);
@@ -231,9 +235,14 @@ fn a_torn_wal_tail_is_truncated_and_earlier_batches_survive() {
             .find(|p| p.extension().is_some_and(|x| x == "log"))
             .expect("a WAL segment");
         let mut bytes = std::fs::read(&segment).expect("read");
-        let len = bytes.len();
-        // Each durable batch was its own padded 4 KiB write: damage the last record itself.
-        let at = len - 4096 + 100;
+        // Damage the last record itself (the segment is zero-filled past it).
+        let last = {
+            let mut reader = pinq::storage::wal::SegmentReader::new(&bytes);
+            std::iter::from_fn(|| reader.next_record().map(|(at, _)| at))
+                .last()
+                .expect("records")
+        };
+        let at = last + 100;
         bytes[at] ^= 0xFF;
         std::fs::write(&segment, &bytes).expect("write");
         let store = LsmStore::open(&path, small_options())

@@ -112,6 +112,9 @@ pub struct LsmOptions {
     pub wal_bytes_max: u64,
     /// A WAL segment is closed and a new one started past this size.
     pub wal_segment_bytes_max: u64,
+    /// WAL segments are zero-filled this far ahead of the write position, so that a commit's
+    /// fdatasync is an overwrite and not a file-size change through the filesystem journal.
+    pub wal_preallocate_bytes: u64,
     /// Target size of a table's data block.
     pub block_bytes: usize,
     /// Bloom filter bits per key.
@@ -134,6 +137,7 @@ impl Default for LsmOptions {
             frozen_memtables_max: 2,
             wal_bytes_max: 256 << 20,
             wal_segment_bytes_max: 64 << 20,
+            wal_preallocate_bytes: 8 << 20,
             block_bytes: 16 << 10,
             bloom_bits_per_key: 10,
             compaction: CompactionConfig::default(),
@@ -180,6 +184,8 @@ pub struct LsmStats {
     pub wal_record_bytes: u64,
     /// Bytes written to WAL segments, padding included.
     pub wal_bytes_written: u64,
+    /// Zeros written ahead of the records (segment preallocation).
+    pub wal_zero_fill_bytes: u64,
     pub wal_writes: u64,
     pub wal_fsyncs: u64,
     /// Record bytes in segments not yet covered by tables.
@@ -326,6 +332,7 @@ impl LsmStore {
             recovered.next_seq,
             recovered.live_segments,
             options.wal_segment_bytes_max,
+            options.wal_preallocate_bytes,
         ));
         wal.start();
         let next_table_id = recovered.manifest.next_table_id.max(1);
@@ -407,12 +414,22 @@ impl LsmStore {
     /// Graceful shutdown: refuses new writes, flushes the memtable (if `flush_on_close`), syncs
     /// the WAL and stops the background tasks. Later calls return `StoreError::Closed`.
     pub async fn close(&self) -> Result<(), StoreError> {
+        self.shutdown(self.inner.options.flush_on_close).await
+    }
+
+    /// Shutdown that leaves the memtable in the WAL, as a crash would (minus a torn tail): the
+    /// next open replays it. For recovery tests and tools.
+    pub async fn close_unflushed(&self) -> Result<(), StoreError> {
+        self.shutdown(false).await
+    }
+
+    async fn shutdown(&self, flush: bool) -> Result<(), StoreError> {
         if self.inner.state.borrow().closing {
             return Err(StoreError::Closed);
         }
         self.inner.state.borrow_mut().closing = true;
         let mut result = Ok(());
-        if self.inner.options.flush_on_close && self.inner.failure().is_none() {
+        if flush && self.inner.failure().is_none() {
             self.inner.freeze();
             result = self.inner.wait_frozen_drained().await;
         }
@@ -1219,6 +1236,7 @@ impl Inner {
             wal_records: wal.records,
             wal_record_bytes: wal.record_bytes,
             wal_bytes_written: wal.bytes_written,
+            wal_zero_fill_bytes: wal.zero_fill_bytes,
             wal_writes: wal.writes,
             wal_fsyncs: wal.fsyncs,
             wal_live_bytes: self.wal.live_bytes(),
