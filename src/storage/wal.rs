@@ -16,11 +16,12 @@
 //! records that were never acknowledged; a zero header means "padding, skip to the next aligned
 //! block".
 //!
-//! Preallocation: the writer zero-fills a segment ahead of its write position (and fdatasyncs
-//! that, with the directory for a new file) before records land there, so a commit's fdatasync
-//! overwrites blocks instead of growing the file through the filesystem journal (≈ 0.16 ms
-//! against ≈ 4 ms here). The zeros read as padding: a segment whose records end in a zero-filled
-//! tail scans as [`ScanEnd::Clean`], so recovery neither warns nor truncates it.
+//! Preallocation: the writer zero-fills a segment ahead of its write position in doubling steps
+//! (256 KiB up to `wal_preallocate_bytes`) and fdatasyncs that (with the directory for a new
+//! file) before records land there, so a commit's fdatasync overwrites blocks instead of growing
+//! the file through the filesystem journal (≈ 0.16 ms against ≈ 4 ms here). The zeros read as
+//! padding: a segment whose records end in a zero-filled tail scans as [`ScanEnd::Clean`], so
+//! recovery neither warns nor truncates it.
 //!
 //! Group commit: [`Wal::append`] encodes a record into the pending buffer at once (no I/O) and
 //! wakes the writer task; while the writer's write + fdatasync is in flight, later records pile up
@@ -389,6 +390,9 @@ struct Chunk {
 
 /// A chunk is cut at this size so one DMA buffer stays small.
 const CHUNK_BYTES_MAX: usize = 1 << 20;
+
+/// The first zero-fill step of a new segment; later steps double up to `preallocate_bytes`.
+const PREALLOCATE_FIRST_BYTES: u64 = 256 << 10;
 
 /// The segment the writer is appending to.
 struct OpenSegment {
@@ -759,7 +763,15 @@ impl Wal {
                 let padded = dio::align_up(chunk.bytes.len().max(1)) as u64;
                 if seg.pos + padded > seg.zeroed_end {
                     let fresh = seg.zeroed_end == 0;
-                    let target = (seg.pos + padded).max(seg.zeroed_end + self.preallocate_bytes);
+                    // Each step doubles the zeroed size, up to `preallocate_bytes`: a segment
+                    // that a flush rolls early wastes at most as many zeros as it holds records
+                    // (plus one first step), instead of a whole step per segment.
+                    // All three are multiples of WRITE_ALIGN; 0 turns preallocation off.
+                    let step = seg
+                        .zeroed_end
+                        .max(PREALLOCATE_FIRST_BYTES)
+                        .min(self.preallocate_bytes);
+                    let target = (seg.pos + padded).max(seg.zeroed_end + step);
                     dio::write_zeros(
                         &seg.file,
                         &seg.path,

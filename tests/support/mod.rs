@@ -69,7 +69,10 @@ impl Server {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        );
         let mut child = cmd.spawn().expect("spawn pinq serve");
         let stdout = child.stdout.take().expect("stdout");
         let stderr = child.stderr.take().expect("stderr");
@@ -215,7 +218,11 @@ pub fn cli(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
     use std::io::Write;
     let mut child = Command::new(pinq_bin())
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
