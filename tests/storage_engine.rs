@@ -443,3 +443,61 @@ fn memtable_bound_freezes_and_flushes_in_the_background() {
         store.close().await.expect("close");
     });
 }
+
+#[test]
+fn writers_stalled_on_a_full_frozen_queue_reach_the_log_in_arrival_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let options = LsmOptions {
+            memtable_bytes_max: 16 << 10,
+            frozen_memtables_max: 1,
+            ..small_options()
+        };
+        let store = Rc::new(LsmStore::open(&path, options).await.expect("open"));
+        let arrivals = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let applied = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let tasks: Vec<_> = (0..16u64)
+            .map(|t| {
+                let (store, arrivals, applied) =
+                    (Rc::clone(&store), Rc::clone(&arrivals), Rc::clone(&applied));
+                glommio::spawn_local(async move {
+                    for round in 0..8u64 {
+                        for _ in 0..(t * 7 + round * 3) % 5 {
+                            futures_lite::future::yield_now().await;
+                        }
+                        let first = (t * 8 + round) * 50;
+                        let n = {
+                            let mut a = arrivals.borrow_mut();
+                            let n = a.len();
+                            a.push(n);
+                            n
+                        };
+                        // A buffered write returns in the same step as its append: the order
+                        // of the returns is the order of the log.
+                        store
+                            .write(puts(first..first + 50, 0), Sync::Buffered)
+                            .await
+                            .expect("write");
+                        applied.borrow_mut().push(n);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await;
+        }
+        let stats = store.stats();
+        assert!(
+            stats.write_stalls > 0,
+            "the test must stall writers: {stats:#?}"
+        );
+        let applied = applied.borrow().clone();
+        let in_order: Vec<usize> = (0..applied.len()).collect();
+        assert_eq!(
+            applied, in_order,
+            "writes reached the log out of arrival order"
+        );
+        store.close().await.expect("close");
+    });
+}

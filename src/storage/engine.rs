@@ -13,7 +13,8 @@
 //! past `wal_bytes_max`, e.g. from publish/ACK pairs that annihilated) is frozen, the WAL rolls
 //! to a new segment, and the flusher writes the memtable to a table and commits the manifest;
 //! then the segments it covered are deleted. Too many frozen memtables stall writers until a
-//! flush lands: memory stays bounded.
+//! flush lands: memory stays bounded. Stalled writers go in arrival order, and a newcomer queues
+//! behind them: concurrent writes reach the WAL in the order `write` was called.
 //!
 //! Read path: a scan takes a snapshot (the active memtable's `Rc`, the frozen memtables, the
 //! table version), merges the immutable sources with awaits allowed in between, and merges the
@@ -287,7 +288,31 @@ struct Inner {
     compact_wanted: Signal,
     /// A flush committed, or the engine failed.
     flushed: Signal,
+    /// Tickets of the writers stalled on a full frozen queue, in arrival order. A writer that
+    /// finds the queue non-empty waits its turn even if there is room: writes reach the WAL in
+    /// the order they arrived, which the shard relies on (each publish batch carries the
+    /// event-id high-water mark; a later batch overtaking an earlier one while it waits would
+    /// leave the lower mark last, and ids would be reused after a restart).
+    stalled: RefCell<VecDeque<u64>>,
+    next_stall_ticket: Cell<u64>,
     recovery: RecoveryReport,
+}
+
+/// Removes a stalled writer's ticket however its wait ends (its turn came, an error, or the
+/// write future was dropped), and wakes the others to re-check whose turn it is.
+struct StallTicket<'a> {
+    inner: &'a Inner,
+    ticket: u64,
+}
+
+impl Drop for StallTicket<'_> {
+    fn drop(&mut self) {
+        self.inner
+            .stalled
+            .borrow_mut()
+            .retain(|&t| t != self.ticket);
+        self.inner.flushed.notify();
+    }
 }
 
 /// The io_uring LSM store of one shard. Create it on the shard's executor with
@@ -360,6 +385,8 @@ impl LsmStore {
             flush_wanted: Signal::default(),
             compact_wanted: Signal::default(),
             flushed: Signal::default(),
+            stalled: RefCell::new(VecDeque::new()),
+            next_stall_ticket: Cell::new(0),
             recovery: recovered.report,
             options,
         });
@@ -604,22 +631,32 @@ impl Inner {
 
     async fn write(&self, batch: WriteBatch, sync: Sync) -> Result<(), StoreError> {
         self.check_writable()?;
-        let mut stalled = false;
-        loop {
-            let wait = {
-                let st = self.state.borrow();
-                if st.frozen.len() < self.options.frozen_memtables_max {
+        let room =
+            |inner: &Inner| inner.state.borrow().frozen.len() < inner.options.frozen_memtables_max;
+        let turn = if room(self) && self.stalled.borrow().is_empty() {
+            None
+        } else {
+            let ticket = self.next_stall_ticket.get();
+            self.next_stall_ticket.set(ticket + 1);
+            self.stalled.borrow_mut().push_back(ticket);
+            // Dropped right after the append (not after the fdatasync): the next writer in
+            // line goes only once this one's record is queued, and they still share commits.
+            let turn = StallTicket {
+                inner: self,
+                ticket,
+            };
+            self.counters.borrow_mut().write_stalls += 1;
+            loop {
+                let wait = self.flushed.wait();
+                let first = self.stalled.borrow().front() == Some(&ticket);
+                if first && room(self) {
                     break;
                 }
-                self.flushed.wait()
-            };
-            if !stalled {
-                stalled = true;
-                self.counters.borrow_mut().write_stalls += 1;
+                wait.await;
+                self.check_writable()?;
             }
-            wait.await;
-            self.check_writable()?;
-        }
+            Some(turn)
+        };
         if batch.is_empty() {
             return match sync {
                 Sync::Durable => self.wal.sync_all().await,
@@ -635,6 +672,7 @@ impl Inner {
             });
         }
         self.maybe_freeze();
+        drop(turn);
         match sync {
             Sync::Durable => self.wal.wait_durable(seq).await,
             Sync::Buffered => Ok(()),
