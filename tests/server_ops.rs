@@ -232,7 +232,6 @@ fn sigint_shuts_down_gracefully_too() {
 }
 
 #[test]
-#[ignore = "needs the LSM store: in this branch storage.engine = \"lsm\" still falls back to memory, so nothing survives a restart"]
 fn sigterm_while_publishing_loses_no_durable_acknowledged_message() {
     let mut server = Server::start(&["--cpus", "0", "--storage", "lsm"]);
     let data_dir = server.data_dir.clone();

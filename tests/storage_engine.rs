@@ -25,6 +25,7 @@ fn small_options() -> LsmOptions {
     LsmOptions {
         memtable_bytes_max: 64 << 10,
         block_bytes: 4096,
+        wal_preallocate_bytes: 256 << 10,
         compaction_interval_ms: 3_600_000,
         ..LsmOptions::default()
     }
@@ -198,6 +199,9 @@ fn unflushed_writes_are_recovered_from_the_wal_after_a_drop_without_close() {
             .expect("reopen");
         let report = store.stats().recovery;
         assert_eq!(report.records_replayed, 3, "{report:#?}");
+        // The segment is zero-filled past its last record (preallocation): that reads as a
+        // clean end, not as a torn tail.
+        assert_eq!(report.torn_tail, None, "{report:#?}");
         assert_eq!(report.tables, 1);
         let expected: Vec<u64> = (5..40).chain(45..60).collect();
         assert_eq!(all_ids(&store).await, expected);
@@ -231,9 +235,14 @@ fn a_torn_wal_tail_is_truncated_and_earlier_batches_survive() {
             .find(|p| p.extension().is_some_and(|x| x == "log"))
             .expect("a WAL segment");
         let mut bytes = std::fs::read(&segment).expect("read");
-        let len = bytes.len();
-        // Each durable batch was its own padded 4 KiB write: damage the last record itself.
-        let at = len - 4096 + 100;
+        // Damage the last record itself (the segment is zero-filled past it).
+        let last = {
+            let mut reader = pinq::storage::wal::SegmentReader::new(&bytes);
+            std::iter::from_fn(|| reader.next_record().map(|(at, _)| at))
+                .last()
+                .expect("records")
+        };
+        let at = last + 100;
         bytes[at] ^= 0xFF;
         std::fs::write(&segment, &bytes).expect("write");
         let store = LsmStore::open(&path, small_options())
@@ -431,6 +440,64 @@ fn memtable_bound_freezes_and_flushes_in_the_background() {
             "covered segments are deleted: {stats:#?}"
         );
         assert_eq!(all_ids(&store).await.len(), 1000);
+        store.close().await.expect("close");
+    });
+}
+
+#[test]
+fn writers_stalled_on_a_full_frozen_queue_reach_the_log_in_arrival_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let options = LsmOptions {
+            memtable_bytes_max: 16 << 10,
+            frozen_memtables_max: 1,
+            ..small_options()
+        };
+        let store = Rc::new(LsmStore::open(&path, options).await.expect("open"));
+        let arrivals = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let applied = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let tasks: Vec<_> = (0..16u64)
+            .map(|t| {
+                let (store, arrivals, applied) =
+                    (Rc::clone(&store), Rc::clone(&arrivals), Rc::clone(&applied));
+                glommio::spawn_local(async move {
+                    for round in 0..8u64 {
+                        for _ in 0..(t * 7 + round * 3) % 5 {
+                            futures_lite::future::yield_now().await;
+                        }
+                        let first = (t * 8 + round) * 50;
+                        let n = {
+                            let mut a = arrivals.borrow_mut();
+                            let n = a.len();
+                            a.push(n);
+                            n
+                        };
+                        // A buffered write returns in the same step as its append: the order
+                        // of the returns is the order of the log.
+                        store
+                            .write(puts(first..first + 50, 0), Sync::Buffered)
+                            .await
+                            .expect("write");
+                        applied.borrow_mut().push(n);
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await;
+        }
+        let stats = store.stats();
+        assert!(
+            stats.write_stalls > 0,
+            "the test must stall writers: {stats:#?}"
+        );
+        let applied = applied.borrow().clone();
+        let in_order: Vec<usize> = (0..applied.len()).collect();
+        assert_eq!(
+            applied, in_order,
+            "writes reached the log out of arrival order"
+        );
         store.close().await.expect("close");
     });
 }

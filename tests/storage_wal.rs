@@ -69,7 +69,7 @@ fn concurrent_durable_appends_share_fdatasyncs_and_read_back_in_order() {
     let path = dir.path().to_path_buf();
     run(move || async move {
         dio::probe_disk(&path).await.expect("probe");
-        let wal = Rc::new(Wal::new(&path, 1, Vec::new(), 64 << 20));
+        let wal = Rc::new(Wal::new(&path, 1, Vec::new(), 64 << 20, 1 << 20));
         wal.start();
         let writers = 8u64;
         let per_writer = 20u64;
@@ -117,7 +117,7 @@ fn roll_starts_a_new_segment_and_release_returns_old_ones() {
     let path = dir.path().to_path_buf();
     run(move || async move {
         dio::probe_disk(&path).await.expect("probe");
-        let wal = Rc::new(Wal::new(&path, 1, Vec::new(), 64 << 20));
+        let wal = Rc::new(Wal::new(&path, 1, Vec::new(), 64 << 20, 1 << 20));
         wal.start();
         for i in 0..3 {
             let seq = wal.append(&batch(i, 2)).expect("append");

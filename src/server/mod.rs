@@ -33,7 +33,6 @@ use crate::metrics::http::MetricsEndpoint;
 use crate::metrics::MetricsSlots;
 use crate::pipeline::{drive, ShardCore};
 use crate::rpc::ShardInfo;
-use crate::store::MemStore;
 
 /// Messages a cross-shard channel holds before its sender waits.
 const MESH_CHANNEL_LEN: usize = 1024;
@@ -70,8 +69,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let cpus: Vec<usize> = config.server.cpus.cpus().to_vec();
     let count = cpus.len();
     anyhow::ensure!(count > 0, "server.cpus selects no CPU");
-    if config.storage.engine == StorageEngine::Lsm {
-        tracing::warn!("storage.engine = \"lsm\" is not available in this build yet; using the in-memory store (nothing survives a restart)");
+    if config.storage.engine == StorageEngine::Memory {
+        tracing::warn!("storage.engine = \"memory\": nothing survives a restart");
     }
     let listen = resolve_port(config.server.listen)?;
     let ops = Ops {
@@ -243,7 +242,10 @@ async fn shard_main(
         inbound.push(task.await);
     }
 
-    let store = ShardStore::Memory(MemStore::new());
+    let store = match ShardStore::open(&config.storage, &config.server.data_dir, shard_id).await {
+        Ok(store) => store,
+        Err(e) => return fail(format!("cannot open storage: {e}")),
+    };
     let core = ShardCore::new(config.delivery.clone(), config.publish.clone(), now_ms());
     let (dispatcher, dispatcher_kicks) = Kick::new();
     let (deleter, deleter_kicks) = Kick::new();

@@ -1,32 +1,93 @@
-//! `ShardStore`: the storage engine a shard runs, chosen by `storage.engine`.
+//! `ShardStore`: the storage engine a shard runs, chosen by `storage.engine`, and how it is opened.
 //!
 //! A closed enum rather than a trait object: `Store` has async methods, and the set of engines is
-//! pinq's own. Every method delegates.
+//! pinq's own. Every method delegates. [`ShardStore::open`] runs inside the shard's executor:
+//! the LSM engine's DMA files belong to the executor that opens them, and its recovery makes
+//! direct-I/O reads work on the disk first (the glommio polled-I/O probe trap, see
+//! `storage::io::probe_disk`). It never panics: a bad data directory or a corrupt file is an
+//! error that names the path, and start-up stops on it.
 //!
 //! Besides the [`Store`] methods: [`ShardStore::storage_figures`] (for `/metrics`; `None` for
 //! engines without figures) and [`ShardStore::close`] (graceful shutdown, after the last write).
 
+use std::path::{Path, PathBuf};
+
+use crate::config::{StorageConfig, StorageEngine};
 use crate::key::Key;
 use crate::message::Value;
 use crate::metrics::StorageFigures;
+use crate::storage::{LsmOptions, LsmStore};
 use crate::store::{MemStore, Store, StoreError, Sync, WriteBatch};
 
 pub enum ShardStore {
     Memory(MemStore),
+    Lsm(LsmStore),
+}
+
+/// The directory of shard `shard_id` under `server.dataDir`.
+pub fn shard_dir(data_dir: &Path, shard_id: usize) -> PathBuf {
+    data_dir.join(format!("shard-{shard_id}"))
+}
+
+/// The engine options the config's `[storage]` keys set; the rest keep the engine's defaults.
+pub fn lsm_options(storage: &StorageConfig) -> LsmOptions {
+    let defaults = LsmOptions::default();
+    LsmOptions {
+        memtable_bytes_max: storage.memtable_bytes_max,
+        wal_segment_bytes_max: storage.wal_segment_bytes_max,
+        // Never preallocate past the end of a segment, and never let the un-flushed WAL bound
+        // sit below one memtable (it would freeze half-empty memtables).
+        wal_preallocate_bytes: defaults
+            .wal_preallocate_bytes
+            .min(storage.wal_segment_bytes_max),
+        wal_bytes_max: defaults
+            .wal_bytes_max
+            .max(4 * storage.memtable_bytes_max as u64),
+        ..defaults
+    }
 }
 
 impl ShardStore {
+    /// Opens the engine `storage.engine` names for shard `shard_id`. Must run on the shard's
+    /// executor.
+    pub async fn open(
+        storage: &StorageConfig,
+        data_dir: &Path,
+        shard_id: usize,
+    ) -> Result<ShardStore, StoreError> {
+        match storage.engine {
+            StorageEngine::Memory => Ok(ShardStore::Memory(MemStore::new())),
+            StorageEngine::Lsm => {
+                let dir = shard_dir(data_dir, shard_id);
+                let store = LsmStore::open(&dir, lsm_options(storage)).await?;
+                let report = &store.stats().recovery;
+                tracing::info!(
+                    shard = shard_id,
+                    dir = %dir.display(),
+                    tables = report.tables,
+                    table_bytes = report.table_bytes,
+                    records_replayed = report.records_replayed,
+                    wal_bytes_read = report.wal_bytes_read,
+                    "storage opened"
+                );
+                Ok(ShardStore::Lsm(store))
+            }
+        }
+    }
+
     /// The engine's figures for the metrics endpoint; `None` when it keeps none (memory).
     pub fn storage_figures(&self) -> Option<StorageFigures> {
         match self {
             ShardStore::Memory(_) => None,
+            ShardStore::Lsm(s) => Some(StorageFigures::from(&s.stats())),
         }
     }
 
-    /// Makes everything written so far durable and releases the engine (graceful shutdown).
+    /// Graceful close: the LSM engine flushes its memtable and syncs its WAL.
     pub async fn close(&self) -> Result<(), StoreError> {
         match self {
             ShardStore::Memory(_) => Ok(()),
+            ShardStore::Lsm(s) => s.close().await,
         }
     }
 }
@@ -35,6 +96,7 @@ impl Store for ShardStore {
     async fn write(&self, batch: WriteBatch, sync: Sync) -> Result<(), StoreError> {
         match self {
             ShardStore::Memory(s) => s.write(batch, sync).await,
+            ShardStore::Lsm(s) => s.write(batch, sync).await,
         }
     }
 
@@ -46,18 +108,21 @@ impl Store for ShardStore {
     ) -> Result<Vec<(Key, Value)>, StoreError> {
         match self {
             ShardStore::Memory(s) => s.scan(start, end, limit).await,
+            ShardStore::Lsm(s) => s.scan(start, end, limit).await,
         }
     }
 
     async fn first_key(&self, start: &[u8], end: Option<&[u8]>) -> Result<Option<Key>, StoreError> {
         match self {
             ShardStore::Memory(s) => s.first_key(start, end).await,
+            ShardStore::Lsm(s) => s.first_key(start, end).await,
         }
     }
 
     async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
         match self {
             ShardStore::Memory(s) => s.get(key).await,
+            ShardStore::Lsm(s) => s.get(key).await,
         }
     }
 }

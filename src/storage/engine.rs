@@ -13,7 +13,8 @@
 //! past `wal_bytes_max`, e.g. from publish/ACK pairs that annihilated) is frozen, the WAL rolls
 //! to a new segment, and the flusher writes the memtable to a table and commits the manifest;
 //! then the segments it covered are deleted. Too many frozen memtables stall writers until a
-//! flush lands: memory stays bounded.
+//! flush lands: memory stays bounded. Stalled writers go in arrival order, and a newcomer queues
+//! behind them: concurrent writes reach the WAL in the order `write` was called.
 //!
 //! Read path: a scan takes a snapshot (the active memtable's `Rc`, the frozen memtables, the
 //! table version), merges the immutable sources with awaits allowed in between, and merges the
@@ -112,6 +113,9 @@ pub struct LsmOptions {
     pub wal_bytes_max: u64,
     /// A WAL segment is closed and a new one started past this size.
     pub wal_segment_bytes_max: u64,
+    /// WAL segments are zero-filled this far ahead of the write position, so that a commit's
+    /// fdatasync is an overwrite and not a file-size change through the filesystem journal.
+    pub wal_preallocate_bytes: u64,
     /// Target size of a table's data block.
     pub block_bytes: usize,
     /// Bloom filter bits per key.
@@ -134,6 +138,7 @@ impl Default for LsmOptions {
             frozen_memtables_max: 2,
             wal_bytes_max: 256 << 20,
             wal_segment_bytes_max: 64 << 20,
+            wal_preallocate_bytes: 8 << 20,
             block_bytes: 16 << 10,
             bloom_bits_per_key: 10,
             compaction: CompactionConfig::default(),
@@ -180,6 +185,8 @@ pub struct LsmStats {
     pub wal_record_bytes: u64,
     /// Bytes written to WAL segments, padding included.
     pub wal_bytes_written: u64,
+    /// Zeros written ahead of the records (segment preallocation).
+    pub wal_zero_fill_bytes: u64,
     pub wal_writes: u64,
     pub wal_fsyncs: u64,
     /// Record bytes in segments not yet covered by tables.
@@ -281,7 +288,31 @@ struct Inner {
     compact_wanted: Signal,
     /// A flush committed, or the engine failed.
     flushed: Signal,
+    /// Tickets of the writers stalled on a full frozen queue, in arrival order. A writer that
+    /// finds the queue non-empty waits its turn even if there is room: writes reach the WAL in
+    /// the order they arrived, which the shard relies on (each publish batch carries the
+    /// event-id high-water mark; a later batch overtaking an earlier one while it waits would
+    /// leave the lower mark last, and ids would be reused after a restart).
+    stalled: RefCell<VecDeque<u64>>,
+    next_stall_ticket: Cell<u64>,
     recovery: RecoveryReport,
+}
+
+/// Removes a stalled writer's ticket however its wait ends (its turn came, an error, or the
+/// write future was dropped), and wakes the others to re-check whose turn it is.
+struct StallTicket<'a> {
+    inner: &'a Inner,
+    ticket: u64,
+}
+
+impl Drop for StallTicket<'_> {
+    fn drop(&mut self) {
+        self.inner
+            .stalled
+            .borrow_mut()
+            .retain(|&t| t != self.ticket);
+        self.inner.flushed.notify();
+    }
 }
 
 /// The io_uring LSM store of one shard. Create it on the shard's executor with
@@ -326,6 +357,7 @@ impl LsmStore {
             recovered.next_seq,
             recovered.live_segments,
             options.wal_segment_bytes_max,
+            options.wal_preallocate_bytes,
         ));
         wal.start();
         let next_table_id = recovered.manifest.next_table_id.max(1);
@@ -353,6 +385,8 @@ impl LsmStore {
             flush_wanted: Signal::default(),
             compact_wanted: Signal::default(),
             flushed: Signal::default(),
+            stalled: RefCell::new(VecDeque::new()),
+            next_stall_ticket: Cell::new(0),
             recovery: recovered.report,
             options,
         });
@@ -407,12 +441,22 @@ impl LsmStore {
     /// Graceful shutdown: refuses new writes, flushes the memtable (if `flush_on_close`), syncs
     /// the WAL and stops the background tasks. Later calls return `StoreError::Closed`.
     pub async fn close(&self) -> Result<(), StoreError> {
+        self.shutdown(self.inner.options.flush_on_close).await
+    }
+
+    /// Shutdown that leaves the memtable in the WAL, as a crash would (minus a torn tail): the
+    /// next open replays it. For recovery tests and tools.
+    pub async fn close_unflushed(&self) -> Result<(), StoreError> {
+        self.shutdown(false).await
+    }
+
+    async fn shutdown(&self, flush: bool) -> Result<(), StoreError> {
         if self.inner.state.borrow().closing {
             return Err(StoreError::Closed);
         }
         self.inner.state.borrow_mut().closing = true;
         let mut result = Ok(());
-        if self.inner.options.flush_on_close && self.inner.failure().is_none() {
+        if flush && self.inner.failure().is_none() {
             self.inner.freeze();
             result = self.inner.wait_frozen_drained().await;
         }
@@ -587,22 +631,32 @@ impl Inner {
 
     async fn write(&self, batch: WriteBatch, sync: Sync) -> Result<(), StoreError> {
         self.check_writable()?;
-        let mut stalled = false;
-        loop {
-            let wait = {
-                let st = self.state.borrow();
-                if st.frozen.len() < self.options.frozen_memtables_max {
+        let room =
+            |inner: &Inner| inner.state.borrow().frozen.len() < inner.options.frozen_memtables_max;
+        let turn = if room(self) && self.stalled.borrow().is_empty() {
+            None
+        } else {
+            let ticket = self.next_stall_ticket.get();
+            self.next_stall_ticket.set(ticket + 1);
+            self.stalled.borrow_mut().push_back(ticket);
+            // Dropped right after the append (not after the fdatasync): the next writer in
+            // line goes only once this one's record is queued, and they still share commits.
+            let turn = StallTicket {
+                inner: self,
+                ticket,
+            };
+            self.counters.borrow_mut().write_stalls += 1;
+            loop {
+                let wait = self.flushed.wait();
+                let first = self.stalled.borrow().front() == Some(&ticket);
+                if first && room(self) {
                     break;
                 }
-                self.flushed.wait()
-            };
-            if !stalled {
-                stalled = true;
-                self.counters.borrow_mut().write_stalls += 1;
+                wait.await;
+                self.check_writable()?;
             }
-            wait.await;
-            self.check_writable()?;
-        }
+            Some(turn)
+        };
         if batch.is_empty() {
             return match sync {
                 Sync::Durable => self.wal.sync_all().await,
@@ -618,6 +672,7 @@ impl Inner {
             });
         }
         self.maybe_freeze();
+        drop(turn);
         match sync {
             Sync::Durable => self.wal.wait_durable(seq).await,
             Sync::Buffered => Ok(()),
@@ -1219,6 +1274,7 @@ impl Inner {
             wal_records: wal.records,
             wal_record_bytes: wal.record_bytes,
             wal_bytes_written: wal.bytes_written,
+            wal_zero_fill_bytes: wal.zero_fill_bytes,
             wal_writes: wal.writes,
             wal_fsyncs: wal.fsyncs,
             wal_live_bytes: self.wal.live_bytes(),

@@ -136,6 +136,46 @@ pub async fn write_padded(
     Ok(padded)
 }
 
+/// Writes `len` zero bytes at the aligned offset `pos` (`len` a multiple of [`WRITE_ALIGN`]),
+/// reusing one zeroed DMA buffer.
+pub async fn write_zeros(
+    file: &DmaFile,
+    path: &Path,
+    pos: u64,
+    len: u64,
+) -> Result<(), StoreError> {
+    const ZERO_CHUNK: u64 = 1 << 20;
+    debug_assert_eq!(pos % WRITE_ALIGN as u64, 0, "unaligned DMA write position");
+    debug_assert_eq!(len % WRITE_ALIGN as u64, 0, "unaligned DMA write length");
+    let chunk = len.min(ZERO_CHUNK) as usize;
+    let mut buf: DmaBuffer = file.alloc_dma_buffer(chunk);
+    buf.as_bytes_mut().fill(0);
+    let buf = std::rc::Rc::new(buf);
+    let mut at = pos;
+    while at < pos + len {
+        let this = (pos + len - at).min(chunk as u64) as usize;
+        let written = if this == chunk {
+            file.write_rc_at(std::rc::Rc::clone(&buf), at).await
+        } else {
+            let mut tail: DmaBuffer = file.alloc_dma_buffer(this);
+            tail.as_bytes_mut().fill(0);
+            file.write_at(tail, at).await
+        }
+        .map_err(|e| gerr(path, e))?;
+        if written != this {
+            return Err(io_error(
+                path,
+                std::io::Error::new(
+                    std::io::ErrorKind::WriteZero,
+                    format!("short write: {written} of {this} zero bytes at offset {at}"),
+                ),
+            ));
+        }
+        at += this as u64;
+    }
+    Ok(())
+}
+
 /// fdatasync of one file.
 pub async fn fdatasync(file: &DmaFile, path: &Path) -> Result<(), StoreError> {
     file.fdatasync().await.map_err(|e| gerr(path, e))

@@ -139,13 +139,15 @@ pub(crate) async fn recover(dir: &Path, options: &LsmOptions) -> Result<Recovere
     let mut live_segments = Vec::new();
     let mut torn_at: Option<PathBuf> = None;
     for (first_seq, path) in segments {
-        let mut bytes = std::fs::read(&path).map_err(|e| io_error(&path, e))?;
+        let bytes = std::fs::read(&path).map_err(|e| io_error(&path, e))?;
         report.segments_read += 1;
         report.wal_bytes_read += bytes.len() as u64;
         let mut reader = SegmentReader::new(&bytes);
         let mut applied_here = 0u64;
         let mut first_record = true;
-        while let Some((_, record)) = reader.next_record() {
+        let mut records_end = 0usize;
+        while let Some((offset, record)) = reader.next_record() {
+            records_end = offset + super::wal::RECORD_HEADER_BYTES + record.payload.len();
             if first_record && record.seq != first_seq {
                 return Err(corrupt(
                     &path,
@@ -186,7 +188,6 @@ pub(crate) async fn recover(dir: &Path, options: &LsmOptions) -> Result<Recovere
             }
         }
         let end = reader.end().cloned();
-        let valid_len = reader.position();
         if let Some(ScanEnd::Torn { offset, reason }) = end {
             if torn_at.is_none() {
                 tracing::warn!(file = %path.display(), offset, %reason, "truncating torn WAL tail");
@@ -199,14 +200,13 @@ pub(crate) async fn recover(dir: &Path, options: &LsmOptions) -> Result<Recovere
             torn_at = Some(path.clone());
             if applied_here > 0 {
                 truncate_blocking(&path, offset as u64)?;
-                bytes.truncate(offset);
             }
         }
         if applied_here > 0 {
             live_segments.push(SegmentMeta {
                 first_seq,
                 path,
-                bytes: valid_len.min(bytes.len()) as u64,
+                bytes: records_end as u64,
             });
         } else {
             // Nothing here that the tables lack: the segment is not needed.

@@ -16,6 +16,13 @@
 //! records that were never acknowledged; a zero header means "padding, skip to the next aligned
 //! block".
 //!
+//! Preallocation: the writer zero-fills a segment ahead of its write position in doubling steps
+//! (256 KiB up to `wal_preallocate_bytes`) and fdatasyncs that (with the directory for a new
+//! file) before records land there, so a commit's fdatasync overwrites blocks instead of growing
+//! the file through the filesystem journal (≈ 0.16 ms against ≈ 4 ms here). The zeros read as
+//! padding: a segment whose records end in a zero-filled tail scans as [`ScanEnd::Clean`], so
+//! recovery neither warns nor truncates it.
+//!
 //! Group commit: [`Wal::append`] encodes a record into the pending buffer at once (no I/O) and
 //! wakes the writer task; while the writer's write + fdatasync is in flight, later records pile up
 //! and share its next write and fdatasync. A `Durable` write waits in [`Wal::wait_durable`] for
@@ -332,6 +339,19 @@ impl<'a> SegmentReader<'a> {
                     self.end = Some(ScanEnd::Clean);
                     return None;
                 }
+                // A write that ended fewer than RECORD_HEADER_BYTES before a block boundary
+                // leaves a padding too short to hold a zero header: the "header" read here runs
+                // into the next write's first record. Zeros up to the boundary are that padding.
+                // (A record is tried first: a valid one is never mistaken for padding.)
+                Err(_)
+                    if self.pos % WRITE_ALIGN != 0 && {
+                        let next = (self.pos / WRITE_ALIGN + 1) * WRITE_ALIGN;
+                        next < self.bytes.len()
+                            && self.bytes[self.pos..next].iter().all(|&b| b == 0)
+                    } =>
+                {
+                    self.pos = (self.pos / WRITE_ALIGN + 1) * WRITE_ALIGN;
+                }
                 Err(reason) => {
                     self.end = Some(ScanEnd::Torn {
                         offset: self.pos,
@@ -371,6 +391,21 @@ struct Chunk {
 /// A chunk is cut at this size so one DMA buffer stays small.
 const CHUNK_BYTES_MAX: usize = 1 << 20;
 
+/// The first zero-fill step of a new segment; later steps double up to `preallocate_bytes`.
+const PREALLOCATE_FIRST_BYTES: u64 = 256 << 10;
+
+/// The segment the writer is appending to.
+struct OpenSegment {
+    first_seq: u64,
+    file: DmaFile,
+    path: PathBuf,
+    /// Next write offset (aligned).
+    pos: u64,
+    /// Bytes at the start of the file already written with zeros (or records): writes below
+    /// this are overwrites, whose fdatasync needs no journal commit.
+    zeroed_end: u64,
+}
+
 /// A live segment (its records are not all in tables yet).
 #[derive(Debug, Clone)]
 pub struct SegmentMeta {
@@ -385,8 +420,10 @@ pub struct SegmentMeta {
 pub struct WalCounters {
     pub records: u64,
     pub record_bytes: u64,
-    /// Bytes written to the device, padding included.
+    /// Record bytes written to the device, padding included.
     pub bytes_written: u64,
+    /// Zeros written ahead of the records (segment preallocation).
+    pub zero_fill_bytes: u64,
     pub writes: u64,
     pub fsyncs: u64,
 }
@@ -407,6 +444,7 @@ struct WalState {
 pub struct Wal {
     dir: PathBuf,
     segment_bytes_max: u64,
+    preallocate_bytes: u64,
     state: RefCell<WalState>,
     /// Wakes the writer: records were appended, or shutdown was requested.
     appended: Signal,
@@ -418,10 +456,23 @@ pub struct Wal {
 impl Wal {
     /// A log whose next record is `next_seq`. `live` are recovered segments still needed (their
     /// files are never appended to again); the first append starts a new segment.
-    pub fn new(dir: &Path, next_seq: u64, live: Vec<SegmentMeta>, segment_bytes_max: u64) -> Wal {
+    ///
+    /// `preallocate_bytes`: segments are zero-filled this far ahead of the write position.
+    /// Appending past a file's end makes every fdatasync commit the new size through the
+    /// filesystem journal (about 4 ms here, against 0.16 ms for an overwrite), so the writer
+    /// extends the file in large zeroed steps and record writes are overwrites.
+    pub fn new(
+        dir: &Path,
+        next_seq: u64,
+        live: Vec<SegmentMeta>,
+        segment_bytes_max: u64,
+        preallocate_bytes: u64,
+    ) -> Wal {
+        let align = WRITE_ALIGN as u64;
         Wal {
             dir: dir.to_path_buf(),
-            segment_bytes_max: segment_bytes_max.max(WRITE_ALIGN as u64),
+            segment_bytes_max: segment_bytes_max.max(align),
+            preallocate_bytes: preallocate_bytes.div_ceil(align) * align,
             state: RefCell::new(WalState {
                 next_seq,
                 synced_seq: next_seq.saturating_sub(1),
@@ -630,7 +681,7 @@ impl Wal {
     }
 
     async fn run_writer(self: Rc<Self>) {
-        let mut current: Option<(u64, DmaFile, PathBuf, u64)> = None;
+        let mut current: Option<OpenSegment> = None;
         loop {
             let (chunks, stop): (Vec<Chunk>, bool) = {
                 let mut st = self.state.borrow_mut();
@@ -673,8 +724,8 @@ impl Wal {
             }
             self.synced.notify();
         }
-        if let Some((_, file, path, _)) = current.take() {
-            let _ = dio::close(file, &path).await;
+        if let Some(seg) = current.take() {
+            let _ = dio::close(seg.file, &seg.path).await;
         }
         self.writer_idle.set(true);
         self.state.borrow_mut().writer_running = false;
@@ -686,34 +737,68 @@ impl Wal {
     async fn write_chunks(
         &self,
         chunks: Vec<Chunk>,
-        current: &mut Option<(u64, DmaFile, PathBuf, u64)>,
+        current: &mut Option<OpenSegment>,
     ) -> Result<(), StoreError> {
         for chunk in chunks {
             let switch = current
                 .as_ref()
-                .is_none_or(|(first, ..)| *first != chunk.segment_first_seq);
+                .is_none_or(|seg| seg.first_seq != chunk.segment_first_seq);
             if switch {
-                if let Some((_, file, path, _)) = current.take() {
-                    dio::fdatasync(&file, &path).await?;
+                if let Some(seg) = current.take() {
+                    dio::fdatasync(&seg.file, &seg.path).await?;
                     self.state.borrow_mut().counters.fsyncs += 1;
-                    dio::close(file, &path).await?;
+                    dio::close(seg.file, &seg.path).await?;
                 }
                 let path = self.dir.join(segment_name(chunk.segment_first_seq));
                 let file = dio::open_rw(&path, true).await?;
-                // The new name must survive a crash before any record in it is acknowledged.
-                dio::sync_dir(&self.dir).await?;
-                *current = Some((chunk.segment_first_seq, file, path, 0));
+                *current = Some(OpenSegment {
+                    first_seq: chunk.segment_first_seq,
+                    file,
+                    path,
+                    pos: 0,
+                    zeroed_end: 0,
+                });
             }
-            if let Some((_, file, path, pos)) = current.as_mut() {
-                let written = dio::write_padded(file, path, *pos, &chunk.bytes).await?;
-                *pos += written as u64;
+            if let Some(seg) = current.as_mut() {
+                let padded = dio::align_up(chunk.bytes.len().max(1)) as u64;
+                if seg.pos + padded > seg.zeroed_end {
+                    let fresh = seg.zeroed_end == 0;
+                    // Each step doubles the zeroed size, up to `preallocate_bytes`: a segment
+                    // that a flush rolls early wastes at most as many zeros as it holds records
+                    // (plus one first step), instead of a whole step per segment.
+                    // All three are multiples of WRITE_ALIGN; 0 turns preallocation off.
+                    let step = seg
+                        .zeroed_end
+                        .max(PREALLOCATE_FIRST_BYTES)
+                        .min(self.preallocate_bytes);
+                    let target = (seg.pos + padded).max(seg.zeroed_end + step);
+                    dio::write_zeros(
+                        &seg.file,
+                        &seg.path,
+                        seg.zeroed_end,
+                        target - seg.zeroed_end,
+                    )
+                    .await?;
+                    self.state.borrow_mut().counters.zero_fill_bytes += target - seg.zeroed_end;
+                    seg.zeroed_end = target;
+                    dio::fdatasync(&seg.file, &seg.path).await?;
+                    self.state.borrow_mut().counters.fsyncs += 1;
+                    if fresh {
+                        // The new name must survive a crash before any record in it is
+                        // acknowledged.
+                        dio::sync_dir(&self.dir).await?;
+                    }
+                }
+                let written =
+                    dio::write_padded(&seg.file, &seg.path, seg.pos, &chunk.bytes).await?;
+                seg.pos += written as u64;
                 let mut st = self.state.borrow_mut();
                 st.counters.bytes_written += written as u64;
                 st.counters.writes += 1;
             }
         }
-        if let Some((_, file, path, _)) = current.as_ref() {
-            dio::fdatasync(file, path).await?;
+        if let Some(seg) = current.as_ref() {
+            dio::fdatasync(&seg.file, &seg.path).await?;
         }
         Ok(())
     }
@@ -846,6 +931,35 @@ mod tests {
         assert!(reader.next_record().is_some());
         assert!(reader.next_record().is_none());
         assert!(matches!(reader.end(), Some(ScanEnd::Torn { .. })));
+    }
+
+    /// Regression (found by the server crash test and the model test): a group-commit write
+    /// ending 1 to 15 bytes before a block boundary left padding shorter than a header, which
+    /// the reader took for a torn record, dropping every later (acknowledged) record.
+    #[test]
+    fn segment_reader_skips_padding_shorter_than_a_header() {
+        for short in 1..=RECORD_HEADER_BYTES {
+            // One put with a 1-byte key: record = 16 header + 4 count + 8 op framing + value.
+            let value_len = WRITE_ALIGN - short - RECORD_HEADER_BYTES - 12;
+            let mut batch = WriteBatch::new();
+            batch.put(key(b"k"), Value::copy_from_slice(&vec![7u8; value_len]));
+            let mut seg = Vec::new();
+            encode_record(1, &batch, &mut seg).unwrap();
+            assert_eq!(seg.len(), WRITE_ALIGN - short);
+            seg.resize(WRITE_ALIGN, 0);
+            encode_record(2, &sample_batch(), &mut seg).unwrap();
+            seg.resize(2 * WRITE_ALIGN, 0);
+
+            let mut reader = SegmentReader::new(&seg);
+            let seqs: Vec<u64> =
+                std::iter::from_fn(|| reader.next_record().map(|(_, r)| r.seq)).collect();
+            assert_eq!(seqs, vec![1, 2], "padding of {short} bytes");
+            assert_eq!(
+                reader.end(),
+                Some(&ScanEnd::Clean),
+                "padding of {short} bytes"
+            );
+        }
     }
 
     #[test]
