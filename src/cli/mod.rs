@@ -6,9 +6,11 @@
 //! Logs go to stderr, so a subcommand's stdout carries only its output (`pinq consume` prints
 //! payloads there).
 
+pub mod bench_args;
 pub mod client_cmds;
 pub mod serve_args;
 
+pub use bench_args::BenchArgs;
 pub use client_cmds::{ConsumeArgs, PublishArgs, ServerArgs};
 pub use serve_args::ServeArgs;
 
@@ -41,6 +43,9 @@ pub enum Command {
     Stats(ServerArgs),
     /// Print the broker's shards and the port of each.
     Topology(ServerArgs),
+    /// Load-test a broker (one it starts, or --server): throughput, latency percentiles, and a
+    /// check that every message arrived.
+    Bench(BenchArgs),
 }
 
 /// Exit status for a run that went wrong because of what the user asked for (bad configuration,
