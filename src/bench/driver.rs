@@ -33,6 +33,8 @@ const CONSUME_BATCH_MAX: usize = 1024;
 const ACK_WINDOW: usize = 8;
 /// Errors kept per thread for the report (the rest are only counted).
 const ERRORS_KEPT_MAX: usize = 4;
+/// How long a producer waits when the backlog is full before looking again.
+const BACKLOG_PAUSE: Duration = Duration::from_micros(200);
 /// Most messages one producer may send in a run: bounds the tracker's memory.
 const SEQ_MAX: u64 = 1 << 32;
 
@@ -47,6 +49,10 @@ pub struct LoadOptions {
     /// How long after sending ends the bench waits for the last deliveries (beyond the longest
     /// delay of the mix).
     pub drain_timeout: Duration,
+    /// At max rate, producers pause while more than this many message copies are sent and not
+    /// yet delivered (0: never), so the figure is the rate the consumers sustain, with a latency
+    /// that does not grow with the run's length.
+    pub backlog_max: u64,
 }
 
 /// Latency histograms (µs) of a thread, then of the whole run.
@@ -98,6 +104,9 @@ struct Shared {
     stop: AtomicBool,
     received_in_window: AtomicU64,
     errors: AtomicU64,
+    /// Message copies sent (messages × receivers) and first deliveries seen, for the backlog.
+    copies_sent: AtomicU64,
+    copies_delivered: AtomicU64,
 }
 
 impl Shared {
@@ -174,6 +183,8 @@ pub fn run_load(
         stop: AtomicBool::new(false),
         received_in_window: AtomicU64::new(0),
         errors: AtomicU64::new(0),
+        copies_sent: AtomicU64::new(0),
+        copies_delivered: AtomicU64::new(0),
         plan: plan.clone(),
     });
     let origin = Instant::now();
@@ -376,6 +387,7 @@ async fn client_thread(
             producer,
             shared.clone(),
             options.ack_level,
+            options.backlog_max,
             latencies.clone(),
             samples.clone(),
             origin,
@@ -399,6 +411,7 @@ async fn produce(
     producer: u32,
     shared: Arc<Shared>,
     ack_level: AckLevel,
+    backlog_max: u64,
     latencies: Rc<RefCell<Latencies>>,
     samples: Rc<RefCell<Vec<String>>>,
     origin: Instant,
@@ -457,6 +470,16 @@ async fn produce(
             break;
         }
         let len = match plan.rate_per_sec {
+            None if backlog_max > 0
+                && shared
+                    .copies_sent
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(shared.copies_delivered.load(Ordering::Relaxed))
+                    > backlog_max =>
+            {
+                glommio::timer::sleep(BACKLOG_PAUSE).await;
+                continue;
+            }
             None => plan.batch_len_max,
             Some(_) => {
                 let mut due = 0usize;
@@ -494,6 +517,9 @@ async fn produce(
             .write(&mut m.payload);
         }
         let reply = client.publish(&batch[..len], ack_level);
+        shared
+            .copies_sent
+            .fetch_add(len as u64 * u64::from(plan.receivers()), Ordering::Relaxed);
         if tx.send((reply, seq, len, now)).await.is_err() {
             break;
         }
@@ -562,6 +588,7 @@ async fn consume(
         acks.clear();
         nacks.clear();
         let mut in_window = 0u64;
+        let mut first_deliveries = 0u64;
         let mut foreign = 0u64;
         {
             let mut l = latencies.borrow_mut();
@@ -578,6 +605,7 @@ async fn consume(
                     foreign += 1;
                 }
                 if d.attempt <= 1 {
+                    first_deliveries += 1;
                     if stamp.sent_ns >= measure_start {
                         l.e2e
                             .saturating_record(now.saturating_sub(stamp.due_ns()) / 1000);
@@ -597,6 +625,9 @@ async fn consume(
         shared
             .received_in_window
             .fetch_add(in_window, Ordering::Relaxed);
+        shared
+            .copies_delivered
+            .fetch_add(first_deliveries, Ordering::Relaxed);
         if foreign > 0 {
             shared.foreign.fetch_add(foreign, Ordering::Relaxed);
         }

@@ -103,6 +103,11 @@ pub struct BenchArgs {
     /// Longest wait for the last deliveries after sending ends (beyond the longest delay).
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub drain_timeout: Duration,
+    /// At max rate, producers pause while more than this many message copies are sent and not
+    /// yet delivered (0: no limit; the backlog, and so the end-to-end latency, then grow for as
+    /// long as producers outpace consumers).
+    #[arg(long, default_value_t = 20_000)]
+    pub backlog_max: u64,
     /// Seeds the delay and nack choices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -162,6 +167,7 @@ impl BenchArgs {
                 consumer_queue_len: self.consumer_queue,
                 ack_level: self.ack.into(),
                 drain_timeout: self.drain_timeout,
+                backlog_max: self.backlog_max,
             },
             json: self.json.clone(),
             out_dir: self.out_dir.clone(),
