@@ -89,8 +89,11 @@ pub struct LoadOutcome {
     /// Errors of calls (publish, ack), counted; a few are kept as text.
     pub errors: u64,
     pub error_samples: Vec<String>,
-    /// Broker CPU seconds and peak memory sampled at the window's edges by the caller's hook.
+    /// What the caller's hook returned at the start and the end of the window and at the end of
+    /// the drain (the broker's CPU seconds).
     pub measured: Vec<f64>,
+    /// Seconds from the end of sending to the end of the drain.
+    pub drain_secs: f64,
 }
 
 /// State every client thread shares.
@@ -241,7 +244,7 @@ pub fn run_load(
     let measure_start = plan.measure_start_ns(start_ns);
     let send_end = plan.send_end_ns(start_ns);
 
-    let mut measured = Vec::with_capacity(2);
+    let mut measured = Vec::with_capacity(3);
     sleep_until(origin, measure_start);
     measured.push(on_window());
     sleep_until(origin, send_end);
@@ -267,6 +270,8 @@ pub fn run_load(
         std::thread::sleep(POLL_INTERVAL);
     }
     shared.stop.store(true, Ordering::Release);
+    measured.push(on_window());
+    let drain_secs = elapsed_ns(origin).saturating_sub(send_end) as f64 / 1e9;
 
     let mut latencies = Latencies::new();
     let mut error_samples = Vec::new();
@@ -298,6 +303,7 @@ pub fn run_load(
         errors: shared.errors.load(Ordering::Relaxed),
         error_samples,
         measured,
+        drain_secs,
     })
 }
 

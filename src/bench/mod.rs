@@ -74,10 +74,14 @@ pub fn run(options: &Options) -> anyhow::Result<Summary> {
         broker.cpu_secs().unwrap_or(f64::NAN)
     })?;
     let usage = match (outcome.measured.as_slice(), broker.peak_rss_bytes()) {
-        (&[start, end], Some(peak_rss_bytes)) if start.is_finite() && end.is_finite() => {
+        (&[start, end, drained], Some(peak_rss_bytes))
+            if start.is_finite() && end.is_finite() && drained.is_finite() =>
+        {
             Some(BrokerUsage {
                 cpu_secs: end - start,
                 peak_rss_bytes,
+                drain_cpu_secs: drained - end,
+                drain_secs: outcome.drain_secs,
             })
         }
         _ => None,

@@ -71,6 +71,10 @@ pub struct BrokerUsage {
     pub cpu_secs: f64,
     /// Peak resident set (VmHWM), in bytes.
     pub peak_rss_bytes: u64,
+    /// CPU seconds while the bench waited for the last deliveries after sending ended (delayed
+    /// messages waiting, or a backlog draining), and how long that wait was.
+    pub drain_cpu_secs: f64,
+    pub drain_secs: f64,
 }
 
 /// Throughput from counts over a window.
@@ -121,6 +125,13 @@ pub fn text_report(
                 },
                 b.peak_rss_bytes as f64 / (1024.0 * 1024.0)
             );
+            if b.drain_secs > 0.0 {
+                let _ = writeln!(
+                    out,
+                    "            after sending: {:.2} CPU s over {:.2} s of draining/waiting",
+                    b.drain_cpu_secs, b.drain_secs
+                );
+            }
         }
         None => {
             let _ = writeln!(out, "broker:     not measured (no --broker-pid)");
