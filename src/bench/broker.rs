@@ -121,6 +121,20 @@ impl Broker {
         cpu_secs_from_stat(&stat)
     }
 
+    /// Seconds the broker's threads have spent runnable but waiting for a CPU (the sum of the
+    /// second field of `/proc/<pid>/task/*/schedstat`): on a shared machine, how much the
+    /// broker was held back by other processes.
+    pub fn runqueue_wait_secs(&self) -> Option<f64> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid?)).ok()?;
+        let mut wait_ns = 0u64;
+        for task in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) {
+                wait_ns += wait_ns_from_schedstat(&text).unwrap_or(0);
+            }
+        }
+        Some(wait_ns as f64 / 1e9)
+    }
+
     /// Peak resident set so far, in bytes.
     pub fn peak_rss_bytes(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid?)).ok()?;
@@ -158,6 +172,11 @@ fn cpu_secs_from_stat(stat: &str) -> Option<f64> {
     Some((utime + stime) as f64 / USER_HZ)
 }
 
+/// Run-queue wait (the second of `schedstat`'s three fields), in ns.
+fn wait_ns_from_schedstat(text: &str) -> Option<u64> {
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// `VmHWM` of `/proc/<pid>/status`, in bytes.
 fn peak_rss_from_status(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -190,6 +209,12 @@ mod tests {
     fn peak_rss_is_read_from_vmhwm() {
         let status = "Name:\tpinq\nVmPeak:\t 9000 kB\nVmHWM:\t    2048 kB\nVmRSS:\t 1000 kB\n";
         assert_eq!(peak_rss_from_status(status), Some(2048 * 1024));
+    }
+
+    #[test]
+    fn schedstat_wait_is_the_second_field() {
+        assert_eq!(wait_ns_from_schedstat("123 456 7\n"), Some(456));
+        assert_eq!(wait_ns_from_schedstat("123"), None);
     }
 
     #[test]

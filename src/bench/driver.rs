@@ -472,7 +472,13 @@ async fn produce(
     let mut seq = 0u64;
     loop {
         let now = elapsed_ns(origin);
-        if now >= send_end || seq >= SEQ_MAX {
+        // At a fixed rate every message due before the end is sent, late or not (its latency
+        // counts from when it was due); at max rate sending stops at the end.
+        let finished = match plan.intended_send_ns(start_ns, producer, seq) {
+            Some(due) => due >= send_end,
+            None => now >= send_end,
+        };
+        if finished || seq >= SEQ_MAX {
             break;
         }
         let len = match plan.rate_per_sec {
@@ -492,7 +498,7 @@ async fn produce(
                 while due < plan.batch_len_max
                     && plan
                         .intended_send_ns(start_ns, producer, seq + due as u64)
-                        .is_some_and(|t| t <= now)
+                        .is_some_and(|t| t <= now && t < send_end)
                 {
                     due += 1;
                 }

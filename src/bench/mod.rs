@@ -70,9 +70,15 @@ pub fn run(options: &Options) -> anyhow::Result<Summary> {
         plan.warmup,
         plan.duration
     );
+    let mut waits = Vec::with_capacity(3);
     let outcome = run_load(&broker.addr, &options.load, || {
+        waits.push(broker.runqueue_wait_secs());
         broker.cpu_secs().unwrap_or(f64::NAN)
     })?;
+    let runqueue_wait_secs = match waits.as_slice() {
+        [Some(start), Some(end), ..] => Some(end - start),
+        _ => None,
+    };
     let usage = match (outcome.measured.as_slice(), broker.peak_rss_bytes()) {
         (&[start, end, drained], Some(peak_rss_bytes))
             if start.is_finite() && end.is_finite() && drained.is_finite() =>
@@ -82,6 +88,7 @@ pub fn run(options: &Options) -> anyhow::Result<Summary> {
                 peak_rss_bytes,
                 drain_cpu_secs: drained - end,
                 drain_secs: outcome.drain_secs,
+                runqueue_wait_secs,
             })
         }
         _ => None,

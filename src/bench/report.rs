@@ -75,6 +75,9 @@ pub struct BrokerUsage {
     /// messages waiting, or a backlog draining), and how long that wait was.
     pub drain_cpu_secs: f64,
     pub drain_secs: f64,
+    /// Seconds the broker's threads waited for a CPU in the measured window (other processes
+    /// on the machine), when known.
+    pub runqueue_wait_secs: Option<f64>,
 }
 
 /// Throughput from counts over a window.
@@ -125,6 +128,12 @@ pub fn text_report(
                 },
                 b.peak_rss_bytes as f64 / (1024.0 * 1024.0)
             );
+            if let Some(wait) = b.runqueue_wait_secs {
+                let _ = writeln!(
+                    out,
+                    "            waited {wait:.2} s for a CPU (runnable, not running) in the window"
+                );
+            }
             if b.drain_secs > 0.0 {
                 let _ = writeln!(
                     out,
