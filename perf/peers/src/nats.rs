@@ -27,7 +27,19 @@ enum Incoming {
         status: u16,
         payload: Vec<u8>,
     },
+    /// Nothing arrived within the read timeout.
+    Timeout,
     Other,
+}
+
+/// How long a consumer waits on a silent connection before it issues a new pull.
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(100);
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 struct Conn {
@@ -85,13 +97,36 @@ impl Conn {
         self.w.flush()
     }
 
+    /// Reads exactly `buf.len()` bytes, retrying across read timeouts (the data is on its way).
+    fn fill(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        let mut at = 0;
+        while at < buf.len() {
+            match self.r.read(&mut buf[at..]) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed")),
+                Ok(n) => at += n,
+                Err(e) if is_timeout(&e) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     fn next(&mut self) -> io::Result<Incoming> {
         let mut line = String::new();
-        if self.r.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed",
-            ));
+        loop {
+            match self.r.read_line(&mut line) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed",
+                    ))
+                }
+                Ok(_) if line.ends_with('\n') => break,
+                Ok(_) => continue,
+                Err(e) if is_timeout(&e) && line.is_empty() => return Ok(Incoming::Timeout),
+                Err(e) if is_timeout(&e) => continue,
+                Err(e) => return Err(e),
+            }
         }
         let parts: Vec<&str> = line.split_whitespace().collect();
         match parts.first().copied() {
@@ -103,7 +138,7 @@ impl Conn {
                 };
                 let len: usize = len.parse().map_err(|_| invalid("bad MSG length"))?;
                 let mut payload = vec![0u8; len + 2];
-                self.r.read_exact(&mut payload)?;
+                self.fill(&mut payload)?;
                 payload.truncate(len);
                 Ok(Incoming::Msg {
                     subject: subject.to_owned(),
@@ -121,7 +156,7 @@ impl Conn {
                 let hlen: usize = hlen.parse().map_err(|_| invalid("bad HMSG length"))?;
                 let tlen: usize = tlen.parse().map_err(|_| invalid("bad HMSG length"))?;
                 let mut all = vec![0u8; tlen + 2];
-                self.r.read_exact(&mut all)?;
+                self.fill(&mut all)?;
                 let headers = String::from_utf8_lossy(&all[..hlen.min(tlen)]).into_owned();
                 // "NATS/1.0 408 Request Timeout": a status message; else a message with headers.
                 let status = headers
@@ -264,6 +299,7 @@ impl Driver for Nats {
 
     fn consume(&self, run: &Run, consumer: u32, h: &mut Hists) -> io::Result<()> {
         let mut c = Conn::open(&run.server)?;
+        c.r.get_ref().set_read_timeout(Some(READ_TIMEOUT))?;
         let inbox = format!("_INBOX.c{consumer}");
         c.sub(&inbox, 1)?;
         let next = format!("$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{DURABLE}");
@@ -275,7 +311,8 @@ impl Driver for Nats {
             c.flush()?;
             payloads.clear();
             replies.clear();
-            // Until the batch is full or the server ends the request with a status.
+            // Until the batch is full, the server ends the request with a status, or the
+            // connection stays silent (a request that expired without a status).
             while payloads.len() < run.batch {
                 match c.next()? {
                     Incoming::Msg { status, .. } if status != 0 => break,
@@ -287,6 +324,7 @@ impl Driver for Nats {
                         payloads.push(payload);
                         replies.push(reply);
                     }
+                    Incoming::Timeout => break,
                     _ => {}
                 }
             }
