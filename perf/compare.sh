@@ -4,10 +4,10 @@
 # if missing, starts them on 127.0.0.1 (ephemeral data directories), runs the scenarios, stops
 # them. Results: perf/results/<date>-<host>-compare/ (machine.txt, one JSON per run, table.txt).
 #
-#   perf/compare.sh                      DURATION=10s BROKER_CPUS=0 by default
+#   perf/compare.sh                      DURATION=10s BROKER_CPUS=0 CLIENT_CPUS=1 by default
 #
 # Fairness: every broker is confined to the same CPUs (BROKER_CPUS, with taskset; pinq by its
-# own --broker-cpus), the load generators are not pinned. Same workload: 2 producers, one group
+# own --broker-cpus), and every load generator to CLIENT_CPUS. Same workload: 2 producers, one group
 # of 2 competing consumers with explicit per-message acks, publish batches of 256 in flight with
 # a window, max rate bounded by a backlog of 20,000 copies (A, B) or a fixed 10,000 msgs/s (C).
 # Durability differs and is stated in the table's header: pinq runs its in-memory store (the
@@ -21,6 +21,8 @@ PINQ="${PINQ:-$CARGO_TARGET_DIR/release/pinq}"
 PEERS="${PEERS:-$CARGO_TARGET_DIR/peers/release/pinq-peers}"
 DURATION="${DURATION:-10s}"
 BROKER_CPUS="${BROKER_CPUS:-0}"
+# The load generators' CPUs (pinq bench --client-cpus, taskset for pinq-peers); empty: not pinned.
+CLIENT_CPUS="${CLIENT_CPUS-1}"
 NATS_PORT="${NATS_PORT:-14222}"
 REDIS_PORT="${REDIS_PORT:-16379}"
 
@@ -51,7 +53,7 @@ bash perf/machine.sh > "$out/machine.txt"
 {
     echo "nats-server: $(nats-server --version 2>&1 | head -1)"
     echo "redis-server: $(redis-server --version | head -1)"
-    echo "broker cpus: $BROKER_CPUS; duration: $DURATION"
+    echo "broker cpus: $BROKER_CPUS; client cpus: ${CLIENT_CPUS:-not pinned}; duration: $DURATION"
 } >> "$out/machine.txt"
 cat "$out/machine.txt"
 
@@ -88,19 +90,25 @@ scenario_args() {
     esac
 }
 common=(--producers 2 --consumers 2 --warmup 1s --duration "$DURATION")
+pin=()
+pinq_pin=()
+if [ -n "$CLIENT_CPUS" ]; then
+    pin=(taskset -c "$CLIENT_CPUS")
+    pinq_pin=(--client-cpus "$CLIENT_CPUS")
+fi
 for s in A B C; do
     # shellcheck disable=SC2046
     set -- $(scenario_args "$s")
     echo "== $s pinq"
-    "$PINQ" bench "${common[@]}" "$@" --broker-cpus "$BROKER_CPUS" \
+    "$PINQ" bench "${common[@]}" "$@" --broker-cpus "$BROKER_CPUS" "${pinq_pin[@]}" \
         --json "$out/$s-pinq.json" --out-dir "$out/$s-pinq" 2> "$out/$s-pinq.log" \
         || echo "pinq $s failed (see $out/$s-pinq.log)"
     echo "== $s nats"
-    "$PEERS" nats --server "127.0.0.1:$NATS_PORT" "${common[@]}" "$@" \
+    "${pin[@]}" "$PEERS" nats --server "127.0.0.1:$NATS_PORT" "${common[@]}" "$@" \
         --json "$out/$s-nats.json" > /dev/null 2> "$out/$s-nats.log" \
         || echo "nats $s failed (see $out/$s-nats.log)"
     echo "== $s redis"
-    "$PEERS" redis --server "127.0.0.1:$REDIS_PORT" "${common[@]}" "$@" \
+    "${pin[@]}" "$PEERS" redis --server "127.0.0.1:$REDIS_PORT" "${common[@]}" "$@" \
         --json "$out/$s-redis.json" > /dev/null 2> "$out/$s-redis.log" \
         || echo "redis $s failed (see $out/$s-redis.log)"
 done

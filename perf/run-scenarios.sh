@@ -7,7 +7,8 @@
 #
 # Environment: PINQ (binary, default target/release/pinq, built if missing with
 # CARGO_TARGET_DIR), DURATION (measured time of A-D, default 10s), BROKER_CPUS (default 0:
-# one shard, the other core left to the load generator on a 2-core machine).
+# one shard), CLIENT_CPUS (default 1: the load generator kept off the broker's core; empty:
+# not pinned).
 #
 # Scenarios:
 #   A      max rate, 100-byte messages, 2 producers, 2 consumers, one group, in-memory store
@@ -23,6 +24,7 @@ cd "$(dirname "$0")/.."
 PINQ="${PINQ:-${CARGO_TARGET_DIR:-target}/release/pinq}"
 DURATION="${DURATION:-10s}"
 BROKER_CPUS="${BROKER_CPUS:-0}"
+CLIENT_CPUS="${CLIENT_CPUS-1}"
 if [ ! -x "$PINQ" ]; then
     cargo build --release
 fi
@@ -32,10 +34,11 @@ scenarios=("$@")
 out="perf/results/$(date -u +%Y%m%d-%H%M)-$(hostname)-scenarios"
 mkdir -p "$out"
 bash perf/machine.sh > "$out/machine.txt"
-echo "broker cpus: $BROKER_CPUS; duration: $DURATION" >> "$out/machine.txt"
+echo "broker cpus: $BROKER_CPUS; client cpus: ${CLIENT_CPUS:-not pinned}; duration: $DURATION" >> "$out/machine.txt"
 cat "$out/machine.txt"
 
 common=(--producers 2 --broker-cpus "$BROKER_CPUS")
+[ -n "$CLIENT_CPUS" ] && common+=(--client-cpus "$CLIENT_CPUS")
 args_of() {
     case "$1" in
         A) echo "--consumers 2 --size 100 --duration $DURATION" ;;

@@ -43,6 +43,8 @@ const SEQ_MAX: u64 = 1 << 32;
 pub struct LoadOptions {
     pub plan: Plan,
     pub client_threads: usize,
+    /// CPUs the client threads are pinned to, round robin; empty: not pinned.
+    pub client_cpus: Vec<usize>,
     /// `queue_size` of each subscription (0: the broker's default).
     pub consumer_queue_len: u32,
     pub ack_level: AckLevel,
@@ -60,6 +62,9 @@ pub struct Latencies {
     pub e2e: Histogram<u64>,
     pub publish_ack: Histogram<u64>,
     pub ack: Histogram<u64>,
+    /// At a fixed rate, how late the load generator sent each message after its intended
+    /// time (µs): the part of every latency above that is the bench's own, not the broker's.
+    pub send_lateness: Histogram<u64>,
 }
 
 impl Latencies {
@@ -68,6 +73,7 @@ impl Latencies {
             e2e: latency_histogram(),
             publish_ack: latency_histogram(),
             ack: latency_histogram(),
+            send_lateness: latency_histogram(),
         }
     }
 
@@ -76,6 +82,7 @@ impl Latencies {
         let _ = self.e2e.add(&other.e2e);
         let _ = self.publish_ack.add(&other.publish_ack);
         let _ = self.ack.add(&other.ack);
+        let _ = self.send_lateness.add(&other.send_lateness);
     }
 }
 
@@ -204,7 +211,11 @@ pub fn run_load(
         let ready = ready_tx.clone();
         let addr = addr.to_owned();
         let options = options.clone();
-        let handle = LocalExecutorBuilder::new(Placement::Unbound)
+        let placement = match options.client_cpus.as_slice() {
+            [] => Placement::Unbound,
+            cpus => Placement::Fixed(cpus[index % cpus.len()]),
+        };
+        let handle = LocalExecutorBuilder::new(placement)
             .name(&format!("pinq-bench-{index}"))
             .spawn(move || async move {
                 client_thread(work, shared, addr, options, origin, ready, go_rx).await
@@ -515,6 +526,14 @@ async fn produce(
         };
         for (i, m) in batch[..len].iter_mut().enumerate() {
             let s = seq + i as u64;
+            if let Some(due) = plan.intended_send_ns(start_ns, producer, s) {
+                if due >= measure_start {
+                    latencies
+                        .borrow_mut()
+                        .send_lateness
+                        .saturating_record(now.saturating_sub(due) / 1000);
+                }
+            }
             m.topic.clear();
             m.topic
                 .push_str(&topics[plan.topic_of(producer, s) as usize]);

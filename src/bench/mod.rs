@@ -114,6 +114,14 @@ pub fn run(options: &Options) -> anyhow::Result<Summary> {
     };
     let text = report::text_report(&summary, outcome.window_secs, usage, outcome.tally.foreign);
     print!("{text}");
+    if plan.rate_per_sec.is_some() && !l.send_lateness.is_empty() {
+        let late = Percentiles::of(&l.send_lateness);
+        println!(
+            "load generator: sent each message after its intended time by p50 {} µs, p99 {} µs, \
+             max {} µs (included in the latencies above)",
+            late.p50, late.p99, late.max
+        );
+    }
     if outcome.errors > 0 {
         eprintln!(
             "pinq bench: {} call(s) failed, e.g. {:?}",

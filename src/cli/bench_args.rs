@@ -16,6 +16,7 @@ use crate::bench::broker::ChildSpec;
 use crate::bench::driver::LoadOptions;
 use crate::bench::plan::{DelayMix, Plan};
 use crate::bench::{Options, Target};
+use crate::config::CpuList;
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     match text {
@@ -94,6 +95,11 @@ pub struct BenchArgs {
     /// Client threads (glommio executors, not pinned) carrying producers and consumers.
     #[arg(long, default_value_t = 2)]
     pub client_threads: usize,
+    /// Pin the client threads to these CPUs (a list like 1 or 2-3), round robin; absent: not
+    /// pinned. On a small machine, keeping them off the broker's CPUs keeps the load generator
+    /// from competing with the broker.
+    #[arg(long, value_name = "LIST")]
+    pub client_cpus: Option<String>,
     /// Deliveries queued per consumer (0: the broker's default).
     #[arg(long, default_value_t = 0)]
     pub consumer_queue: u32,
@@ -164,6 +170,13 @@ impl BenchArgs {
             load: LoadOptions {
                 plan,
                 client_threads: self.client_threads,
+                client_cpus: match &self.client_cpus {
+                    Some(list) => CpuList::parse(list)
+                        .map_err(|e| UsageError(format!("--client-cpus: {e}")))?
+                        .cpus()
+                        .to_vec(),
+                    None => Vec::new(),
+                },
                 consumer_queue_len: self.consumer_queue,
                 ack_level: self.ack.into(),
                 drain_timeout: self.drain_timeout,
