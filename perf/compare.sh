@@ -82,6 +82,23 @@ for port in "$NATS_PORT" "$REDIS_PORT"; do
     done
 done
 
+nats_pid=${pids[0]}
+redis_pid=${pids[1]}
+# "<cpu ticks> <run-queue wait ns> <uptime s>" of a process: its user+system time and the time
+# its threads were runnable but not running (other work on the machine held it back).
+usage() {
+    local pid=$1 wait=0 w
+    for t in /proc/"$pid"/task/*/schedstat; do
+        w=$(cut -d' ' -f2 "$t" 2>/dev/null || echo 0)
+        wait=$((wait + w))
+    done
+    echo "$(awk '{print $14 + $15}' /proc/"$pid"/stat) $wait $(cut -d' ' -f1 /proc/uptime)"
+}
+# Writes "<cpu s> <wait s> <elapsed s>" between two usage samples.
+usage_delta() {
+    echo "$1 $2" | awk '{printf "%.2f %.2f %.2f\n", ($4-$1)/100, ($5-$2)/1e9, $6-$3}'
+}
+
 scenario_args() {
     case "$1" in
         A) echo "--size 100" ;;
@@ -104,23 +121,46 @@ for s in A B C; do
         --json "$out/$s-pinq.json" --out-dir "$out/$s-pinq" 2> "$out/$s-pinq.log" \
         || echo "pinq $s failed (see $out/$s-pinq.log)"
     echo "== $s nats"
+    before=$(usage "$nats_pid")
     "${pin[@]}" "$PEERS" nats --server "127.0.0.1:$NATS_PORT" "${common[@]}" "$@" \
         --json "$out/$s-nats.json" > /dev/null 2> "$out/$s-nats.log" \
         || echo "nats $s failed (see $out/$s-nats.log)"
+    usage_delta "$before" "$(usage "$nats_pid")" > "$out/$s-nats.usage"
     echo "== $s redis"
+    before=$(usage "$redis_pid")
     "${pin[@]}" "$PEERS" redis --server "127.0.0.1:$REDIS_PORT" "${common[@]}" "$@" \
         --json "$out/$s-redis.json" > /dev/null 2> "$out/$s-redis.log" \
         || echo "redis $s failed (see $out/$s-redis.log)"
+    usage_delta "$before" "$(usage "$redis_pid")" > "$out/$s-redis.usage"
 done
 stop_servers
 trap - EXIT
 
-python3 - "$out" <<'PY' | tee "$out/table.txt"
-import json, os, sys
-out = sys.argv[1]
+python3 - "$out" "$DURATION" <<'PY' | tee "$out/table.txt"
+import json, os, re, sys
+out, duration = sys.argv[1], sys.argv[2]
+window = float(re.sub(r"s$", "", duration))
+
+def usage(s, b):
+    """Broker CPU and run-queue wait, as % of one core over the period sampled."""
+    if b == "pinq":
+        # pinq bench measures its child broker over the measured window.
+        try:
+            text = open(os.path.join(out, f"{s}-pinq", "report.txt")).read()
+            cpu = float(re.search(r"broker: +([0-9.]+) CPU s", text).group(1))
+            wait = float(re.search(r"waited ([0-9.]+) s", text).group(1))
+            return 100 * cpu / window, 100 * wait / window
+        except (OSError, AttributeError):
+            return None
+    try:
+        cpu, wait, elapsed = map(float, open(os.path.join(out, f"{s}-{b}.usage")).read().split())
+        return 100 * cpu / elapsed, 100 * wait / elapsed
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
 print("durability: pinq in-memory store | NATS JetStream file store | Redis AOF everysec")
 print(f"{'scenario':<10} {'broker':<7} {'msgs/s':>9} {'MB/s':>7} {'sent':>9} {'missing':>7} "
-      f"{'e2e p50':>9} {'e2e p99':>9} {'e2e p99.9':>9} {'pub p99':>9} {'ack p99':>9}")
+      f"{'e2e p50':>9} {'e2e p99':>9} {'e2e p99.9':>9} {'pub p99':>9} {'ack p99':>9} {'cpu%':>5} {'wait%':>5}")
 names = {"A": "A 100B", "B": "B 1KiB", "C": "C 10k/s"}
 for s in "ABC":
     for b in ("pinq", "nats", "redis"):
@@ -131,8 +171,12 @@ for s in "ABC":
         j = json.load(open(f))
         e, p, a = j["e2e_us"], j["publish_ack_us"], j["ack_us"]
         ack = "n/a" if b == "nats" else f"{a['p99']}"
+        u = usage(s, b)
+        cpu, wait = (f"{u[0]:.0f}", f"{u[1]:.0f}") if u else ("?", "?")
         print(f"{names[s]:<10} {b:<7} {j['msgs_per_sec']:>9.0f} {j['mb_per_sec']:>7.2f} {j['sent']:>9} "
-              f"{j['missing']:>7} {e['p50']:>9} {e['p99']:>9} {e['p999']:>9} {p['p99']:>9} {ack:>9}")
-print("latencies in microseconds")
+              f"{j['missing']:>7} {e['p50']:>9} {e['p99']:>9} {e['p999']:>9} {p['p99']:>9} {ack:>9} {cpu:>5} {wait:>5}")
+print("latencies in microseconds; cpu% and wait%: the broker's CPU time and run-queue wait (runnable,")
+print("not running: the machine was busy elsewhere) as % of one core, over pinq's measured window and")
+print("over the whole run (warm-up, window, drain) for NATS and Redis")
 PY
 echo "results in $out"

@@ -61,6 +61,15 @@ impl Run {
         Some(self.start_ns + (index * 1_000_000_000 / u128::from(rate)) as u64)
     }
 
+    /// Whether a producer is done: at a fixed rate once every message due before the end is
+    /// sent (late or not), at max rate at the end.
+    pub fn finished(&self, producer: u32, seq: u64, now: u64) -> bool {
+        match self.intended_ns(producer, seq) {
+            Some(due) => due >= self.send_end_ns(),
+            None => now >= self.send_end_ns(),
+        }
+    }
+
     /// How many messages a producer sends next (0: wait until `wait_ns`).
     pub fn next_batch(&self, producer: u32, seq: u64, now: u64) -> (usize, u64) {
         match self.rate {
@@ -80,7 +89,7 @@ impl Run {
                 while due < self.batch
                     && self
                         .intended_ns(producer, seq + due as u64)
-                        .is_some_and(|t| t <= now)
+                        .is_some_and(|t| t <= now && t < self.send_end_ns())
                 {
                     due += 1;
                 }

@@ -264,7 +264,7 @@ impl Driver for Nats {
         };
         loop {
             let now = run.now_ns();
-            if now >= run.send_end_ns() {
+            if run.finished(producer, seq, now) {
                 break;
             }
             let (n, wait) = run.next_batch(producer, seq, now);

@@ -115,7 +115,7 @@ impl Driver for Redis {
         let mut seq = 0u64;
         loop {
             let now = run.now_ns();
-            if now >= run.send_end_ns() {
+            if run.finished(producer, seq, now) {
                 break;
             }
             let (n, wait) = run.next_batch(producer, seq, now);
