@@ -60,6 +60,7 @@ for s in "${scenarios[@]}"; do
 done
 
 echo
+{
 printf '%-6s %12s %9s %10s %8s %10s %10s %10s %10s\n' scen msgs/s MB/s sent missing e2e_p50us e2e_p99us e2e_p999us pub_p99us
 for s in "${scenarios[@]}"; do
     f="$out/$s.json"
@@ -71,5 +72,6 @@ j = json.load(open(f))
 print(f"{s:<6} {j['msgs_per_sec']:>12.0f} {j['mb_per_sec']:>9.2f} {j['sent']:>10} {j['missing']:>8} "
       f"{j['e2e_us']['p50']:>10} {j['e2e_us']['p99']:>10} {j['e2e_us']['p999']:>10} {j['publish_ack_us']['p99']:>10}")
 PY
-done | tee "$out/table.txt"
+done
+} | tee "$out/table.txt"
 echo "results in $out"

@@ -1,1 +1,0 @@
-== scenario B: pinq bench --producers 2 --broker-cpus 0 --consumers 2 --size 1024 --duration 10s

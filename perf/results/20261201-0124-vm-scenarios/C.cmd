@@ -1,1 +1,0 @@
-== scenario C: pinq bench --producers 2 --broker-cpus 0 --consumers 2 --size 100 --duration 10s --rate 10000
