@@ -292,7 +292,7 @@ pub fn svg_plot(title: &str, series: &[Series<'_>]) -> String {
         (PLOT_TOP + PLOT_BOTTOM) / 2.0,
         (PLOT_TOP + PLOT_BOTTOM) / 2.0
     );
-    // Curves, each a step line through its percentile distribution.
+    // Curves, each a line through the points of its percentile distribution.
     for (index, s) in series.iter().enumerate() {
         let mut points = String::new();
         if !s.histogram.is_empty() {
@@ -343,7 +343,9 @@ fn nines_label(nines: u32) -> String {
 }
 
 fn format_ms(ms: f64) -> String {
-    if ms >= 10.0 {
+    if ms == 0.0 {
+        "0".to_owned()
+    } else if ms >= 10.0 {
         format!("{ms:.0}")
     } else if ms >= 1.0 {
         format!("{ms:.1}")
