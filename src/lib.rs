@@ -9,6 +9,8 @@
 //! - [`storage`]: the io_uring LSM log (WAL, memtable, sorted tables, compaction);
 //! - [`pipeline`]: the delivery pipeline as pure state machines (dispatcher, hub, in-flight
 //!   table, deleter, janitor) driven by explicit time;
+//! - [`metrics`]: per-shard snapshots and the Prometheus endpoint;
+//! - [`ops`]: `pinq doctor` and NUMA placement (host checks, pure parsing of /sys and /proc);
 //! - [`server`]: the glommio shards that drive the pipeline and serve connections;
 //! - [`rpc`]: the Cap'n Proto protocol (generated code from `schema/`);
 //! - [`client`]: the Rust client library;
@@ -22,6 +24,8 @@ pub mod client;
 pub mod config;
 pub mod key;
 pub mod message;
+pub mod metrics;
+pub mod ops;
 pub mod pipeline;
 pub mod rpc;
 pub mod server;

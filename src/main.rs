@@ -22,6 +22,10 @@ fn main() -> ExitCode {
         Command::Stats(args) => cli::client_cmds::stats(args),
         Command::Topology(args) => cli::client_cmds::topology(args),
         Command::Bench(args) => bench(&args),
+        // Doctor's exit status is its verdict, not an error.
+        Command::Doctor(args) => {
+            return ExitCode::from(pinq::ops::doctor::run(&args.cpus, &args.data_dir))
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -32,12 +36,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`); colours only on a terminal.
 fn init_logging() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -45,7 +50,8 @@ fn init_logging() {
 /// runs the broker until it is told to stop.
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let env = pinq::config::env_from_process()?;
-    let config = args.load_config(env)?;
+    let mut config = args.load_config(env)?;
+    pinq::ops::numa::apply(&mut config)?;
     tracing::info!(
         shards = config.server.cpus.len(),
         cpus = %config.server.cpus,

@@ -8,10 +8,12 @@
 
 pub mod bench_args;
 pub mod client_cmds;
+pub mod doctor_args;
 pub mod serve_args;
 
 pub use bench_args::BenchArgs;
 pub use client_cmds::{ConsumeArgs, PublishArgs, ServerArgs};
+pub use doctor_args::DoctorArgs;
 pub use serve_args::ServeArgs;
 
 use clap::{Parser, Subcommand};
@@ -46,6 +48,11 @@ pub enum Command {
     /// Load-test a broker (one it starts, or --server): throughput, latency percentiles, and a
     /// check that every message arrived.
     Bench(BenchArgs),
+    /// Check this host for running pinq (governor, SMT, isolated cores, IRQ affinity, THP,
+    /// memlock, io_uring, O_DIRECT, NUMA) and say what to change.
+    ///
+    /// Exit status: 0 nothing to change, 1 warnings only, 2 pinq cannot run as configured.
+    Doctor(DoctorArgs),
 }
 
 /// Exit status for a run that went wrong because of what the user asked for (bad configuration,

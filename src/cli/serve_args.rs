@@ -36,6 +36,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
 
+    /// NUMA placement, server.numa [default: off]: "auto" keeps only the CPUs of one node (the
+    /// NIC's, else the one with most of --cpus) and logs which.
+    #[arg(long, value_name = "MODE", value_parser = ["auto", "off"])]
+    pub numa: Option<String>,
+
     /// Storage engine, storage.engine [default: lsm].
     #[arg(long, value_name = "ENGINE", value_parser = ["lsm", "memory"])]
     pub storage: Option<String>,
@@ -82,6 +87,7 @@ impl ServeArgs {
             ),
             ("server.cpus", "--cpus", &self.cpus),
             ("storage.engine", "--storage", &self.storage),
+            ("server.numa", "--numa", &self.numa),
         ];
         for (key, flag, value) in text_flags {
             if let Some(value) = value {

@@ -26,7 +26,7 @@ use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 use super::{
     format_byte_size, online_cpus, parse_byte_size, AckLevel, Config, CpuList, DeliveryConfig,
-    PublishConfig, ServerConfig, StorageConfig, StorageEngine,
+    NumaMode, PublishConfig, ServerConfig, StorageConfig, StorageEngine,
 };
 
 /// Prefix of every configuration environment variable.
@@ -162,6 +162,7 @@ struct RawServer {
     listen: Option<String>,
     metrics_listen: Option<String>,
     shard_port_base: Option<u64>,
+    numa: Option<String>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -819,12 +820,24 @@ impl ConfigLoader {
                 )
             })?),
         };
+        let numa = match raw.numa.as_deref().map(str::trim) {
+            None => d.numa,
+            Some("off") => NumaMode::Off,
+            Some("auto") => NumaMode::Auto,
+            Some(other) => {
+                return Err(self.invalid(
+                    "server.numa",
+                    format!("must be \"auto\" or \"off\", found \"{other}\""),
+                ))
+            }
+        };
         Ok(ServerConfig {
             data_dir,
             cpus,
             listen,
             metrics_listen,
             shard_port_base,
+            numa,
         })
     }
 
@@ -1119,6 +1132,7 @@ impl Config {
              listen = {}\n\
              metricsListen = {}\n\
              {shard_port_base}\
+             numa = {}\n\
              \n[storage]\n\
              engine = {}\n\
              memtableBytes = {}\n\
@@ -1141,6 +1155,7 @@ impl Config {
             text(s.cpus.text()),
             text(&s.listen.to_string()),
             text(&s.metrics_listen.to_string()),
+            text(s.numa.as_str()),
             text(st.engine.as_str()),
             bytes(st.memtable_bytes_max as u64),
             bytes(st.wal_segment_bytes_max),
@@ -1247,10 +1262,11 @@ mod tests {
                 "cpus",
                 "listen",
                 "metricsListen",
-                "shardPortBase"
+                "shardPortBase",
+                "numa"
             ]
         );
-        assert_eq!(all_keys().len(), 11 + 3 + 5 + 3);
+        assert_eq!(all_keys().len(), 11 + 3 + 6 + 3);
     }
 
     #[test]
@@ -1294,6 +1310,7 @@ mod tests {
                 "server.listen",
                 "server.metricsListen",
                 "server.shardPortBase",
+                "server.numa",
                 "storage.engine",
             ];
             assert!(
@@ -1429,6 +1446,7 @@ mod tests {
             ("[server]\ncpus = \"3-1\"\n", "server.cpus"),
             ("[server]\ncpus = \"0-7\"\n", "server.cpus"),
             ("[server]\nshardPortBase = 70000\n", "server.shardPortBase"),
+            ("[server]\nnuma = \"node0\"\n", "server.numa"),
         ];
         for (text, key) in cases {
             let err = error_from_toml(text);
@@ -1537,6 +1555,7 @@ mod tests {
             ("PINQ_SERVER_LISTEN", "0.0.0.0:7500"),
             ("PINQ_SERVER_METRICS_LISTEN", "127.0.0.1:9500"),
             ("PINQ_SERVER_SHARD_PORT_BASE", "8000"),
+            ("PINQ_SERVER_NUMA", "auto"),
             ("PINQ_STORAGE_ENGINE", "memory"),
             ("PINQ_STORAGE_MEMTABLE_BYTES", "1048576"),
             ("PINQ_STORAGE_WAL_SEGMENT_BYTES", "8MiB"),
@@ -1577,6 +1596,7 @@ mod tests {
                 listen: "0.0.0.0:7500".parse().unwrap(),
                 metrics_listen: "127.0.0.1:9500".parse().unwrap(),
                 shard_port_base: Some(8000),
+                numa: NumaMode::Auto,
             },
             storage: StorageConfig {
                 engine: StorageEngine::Memory,
@@ -1711,7 +1731,7 @@ mod tests {
             "",
             "[delivery]\ninFlightTimeout = \"90s\"\ntimeBucket = \"1500ms\"\ngroupRetention = \"2h\"\n\
              [publish]\nmaxMessageBytes = 1000\nminAckLevel = \"durable\"\n\
-             [server]\ndataDir = \"/tmp/pinq \\\"x\\\"\"\ncpus = \"1-2\"\nshardPortBase = 9000\n\
+             [server]\ndataDir = \"/tmp/pinq \\\"x\\\"\"\ncpus = \"1-2\"\nshardPortBase = 9000\nnuma = \"auto\"\n\
              [storage]\nengine = \"memory\"\nwalSegmentBytes = \"1GiB\"\n",
         ] {
             let config = from_toml(text).unwrap();

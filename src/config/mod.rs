@@ -145,6 +145,28 @@ pub struct ServerConfig {
     /// `server.shardPortBase`: first per-shard port (shard `i` on base + `i`); `None` means the
     /// client port + 1. See [`ServerConfig::shard_listen`].
     pub shard_port_base: Option<u16>,
+    /// `server.numa`: `auto` narrows `cpus` to the CPUs of one NUMA node at start-up
+    /// (`crate::ops::numa`); `off` uses `cpus` as given.
+    pub numa: NumaMode,
+}
+
+/// How `pinq serve` places shards across NUMA nodes (`server.numa`, `--numa`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NumaMode {
+    /// Use `server.cpus` as given.
+    Off,
+    /// Keep only the CPUs of one node: the NIC's node, else the node with most of `server.cpus`.
+    Auto,
+}
+
+impl NumaMode {
+    /// The spelling used in the config and by `--numa`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NumaMode::Off => "off",
+            NumaMode::Auto => "auto",
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -155,6 +177,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), LISTEN_PORT_DEFAULT),
             metrics_listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), METRICS_PORT_DEFAULT),
             shard_port_base: None,
+            numa: NumaMode::Off,
         }
     }
 }

@@ -80,11 +80,28 @@ impl Deleter {
         if self.next_flush_ms()? > now_ms {
             return None;
         }
+        Some(self.cut(now_ms))
+    }
+
+    fn cut(&mut self, now_ms: u64) -> DeleteBatch {
         let n = self.queue.len().min(self.batch_keys_max);
         let keys: Vec<EventKey> = self.queue.drain(..n).collect();
         self.in_progress = true;
         self.last_flush_ms = now_ms;
-        Some(DeleteBatch { keys })
+        DeleteBatch { keys }
+    }
+
+    /// Takes the next batch whatever the interval (shutdown drains the queue this way), if any
+    /// key waits and no batch is out.
+    pub fn take_batch_now(&mut self, now_ms: u64) -> Option<DeleteBatch> {
+        self.next_flush_ms()?;
+        Some(self.cut(now_ms))
+    }
+
+    /// Whether keys wait or a batch is out: a shutdown must not close the store before this is
+    /// false.
+    pub fn is_busy(&self) -> bool {
+        self.in_progress || !self.queue.is_empty()
     }
 
     /// The batch is applied: its keys are forgotten here. The caller clears in-flight entries.
@@ -114,6 +131,21 @@ mod tests {
 
     fn key(i: u64) -> EventKey {
         EventKey::new(TopicHash(1), 0, i)
+    }
+
+    #[test]
+    fn shutdown_takes_waiting_keys_before_the_interval_one_batch_at_a_time() {
+        let mut deleter = Deleter::new(500, 2, 0);
+        for i in 0..3 {
+            deleter.mark(key(i));
+        }
+        let first = deleter.take_batch_now(1).unwrap();
+        assert_eq!(first.keys.len(), 2);
+        assert!(deleter.is_busy());
+        assert_eq!(deleter.take_batch_now(1), None, "one batch out at a time");
+        deleter.on_applied(&first);
+        assert_eq!(deleter.take_batch_now(2).unwrap().keys, vec![key(2)]);
+        assert_eq!(deleter.take_batch_now(2), None);
     }
 
     #[test]

@@ -89,13 +89,31 @@ pub async fn flush_deletes<S: Store>(
     store: &S,
     now_ms: u64,
 ) -> Result<bool, StoreError> {
-    let Some(batch) = core.borrow_mut().take_delete_batch(now_ms) else {
-        return Ok(false);
+    Ok(flush_delete_batch(core, store, now_ms, false)
+        .await?
+        .is_some())
+}
+
+/// Flushes one delete batch: a due one, or with `force` any waiting keys at once (shutdown).
+/// Returns the number of keys the applied batch deleted, `None` when no batch went out.
+pub async fn flush_delete_batch<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    now_ms: u64,
+    force: bool,
+) -> Result<Option<usize>, StoreError> {
+    let batch = if force {
+        core.borrow_mut().take_delete_batch_now(now_ms)
+    } else {
+        core.borrow_mut().take_delete_batch(now_ms)
+    };
+    let Some(batch) = batch else {
+        return Ok(None);
     };
     match store.write(batch.to_write_batch(), Sync::Durable).await {
         Ok(()) => {
             core.borrow_mut().on_delete_applied(&batch);
-            Ok(true)
+            Ok(Some(batch.keys.len()))
         }
         Err(error) => {
             core.borrow_mut().on_delete_failed(batch);

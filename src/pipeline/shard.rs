@@ -1093,6 +1093,17 @@ impl ShardCore {
         self.deleter.take_batch(now_ms)
     }
 
+    /// Takes a delete batch at once, due or not (shutdown).
+    pub fn take_delete_batch_now(&mut self, now_ms: u64) -> Option<DeleteBatch> {
+        let now_ms = self.tick(now_ms);
+        self.deleter.take_batch_now(now_ms)
+    }
+
+    /// Whether deletes wait or one is being written.
+    pub fn deletes_busy(&self) -> bool {
+        self.deleter.is_busy()
+    }
+
     /// The batch is applied: in-flight entries of its keys are removed.
     pub fn on_delete_applied(&mut self, batch: &DeleteBatch) {
         self.deleter.on_applied(batch);

@@ -6,10 +6,14 @@
 //! `run` owns start-up and nothing else: it resolves ports, builds the channels, starts the
 //! executors, prints one line once every shard listens, and waits. A shard that cannot start
 //! (port taken, storage unreadable) stops the whole process with an error: no half-up broker.
+//! It also starts the metrics endpoint (`crate::metrics::http`, printed as a second line
+//! `pinq metrics on ADDR`) and the signal handler (`shutdown.rs`); `run` returns `Ok` once every
+//! shard has shut down gracefully.
 
 pub mod connection;
 pub mod mesh;
 pub mod shard;
+pub mod shutdown;
 pub mod store;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
@@ -22,8 +26,11 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 use self::mesh::ShardMsg;
 use self::shard::{now_ms, Kick, Shard};
+use self::shutdown::ShutdownFlag;
 use self::store::ShardStore;
 use crate::config::{Config, PublishConfig, StorageEngine};
+use crate::metrics::http::MetricsEndpoint;
+use crate::metrics::MetricsSlots;
 use crate::pipeline::{drive, ShardCore};
 use crate::rpc::ShardInfo;
 use crate::store::MemStore;
@@ -44,6 +51,13 @@ impl Topology {
     }
 }
 
+/// What the operations side gives every shard: its metrics slot and the shutdown flag.
+#[derive(Clone)]
+struct Ops {
+    slots: MetricsSlots,
+    shutdown: ShutdownFlag,
+}
+
 /// Where a shard ended up listening.
 struct Started {
     shard: usize,
@@ -51,7 +65,7 @@ struct Started {
     own: SocketAddr,
 }
 
-/// Runs the broker until the process is stopped.
+/// Runs the broker until SIGTERM or SIGINT, then shuts it down gracefully.
 pub fn run(config: Config) -> anyhow::Result<()> {
     let cpus: Vec<usize> = config.server.cpus.cpus().to_vec();
     let count = cpus.len();
@@ -60,6 +74,18 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         tracing::warn!("storage.engine = \"lsm\" is not available in this build yet; using the in-memory store (nothing survives a restart)");
     }
     let listen = resolve_port(config.server.listen)?;
+    let ops = Ops {
+        slots: MetricsSlots::new(count),
+        shutdown: ShutdownFlag::default(),
+    };
+    shutdown::install(ops.shutdown.clone())?;
+    let serving = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let metrics = MetricsEndpoint::start(
+        config.server.metrics_listen,
+        ops.slots.clone(),
+        serving.clone(),
+        ops.shutdown.shared(),
+    )?;
 
     // One bounded channel per ordered pair of shards.
     let mut senders: Vec<Vec<Option<SharedSender<ShardMsg>>>> = (0..count)
@@ -89,6 +115,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         let config = config.clone();
         let topology = topology.clone();
         let started = started_tx.clone();
+        let ops = ops.clone();
         let own_addr = config.server.shard_listen(shard_id);
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("pinq-shard-{shard_id}"))
@@ -103,6 +130,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                     peer_senders,
                     peer_receivers,
                     started,
+                    ops,
                 )
                 .await
             })
@@ -140,13 +168,26 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         cpus,
         ports.join(",")
     );
-    tracing::info!(listen = %shards[0].shared, shards = count, "pinq is serving");
+    serving.store(true, std::sync::atomic::Ordering::Relaxed);
+    println!("pinq metrics on {}", metrics.addr);
+    tracing::info!(listen = %shards[0].shared, metrics = %metrics.addr, shards = count, "pinq is serving");
 
     for handle in handles {
         if let Err(e) = handle.join() {
             anyhow::bail!("a shard failed: {e}");
         }
     }
+    metrics.stop();
+    // Each shard stored a last snapshot after closing its store: report what it had stored.
+    let published: u64 = ops
+        .slots
+        .read()
+        .iter()
+        .flatten()
+        .map(|s| s.stats.counters.published_total)
+        .sum();
+    println!("pinq stopped: every shard drained and closed its store; {published} message(s) published since start");
+    tracing::info!(published, "pinq stopped");
     Ok(())
 }
 
@@ -170,6 +211,7 @@ async fn shard_main(
     peer_senders: Vec<Option<SharedSender<ShardMsg>>>,
     peer_receivers: Vec<SharedReceiver<ShardMsg>>,
     started: mpsc::Sender<Result<Started, String>>,
+    ops: Ops,
 ) {
     let fail = |e: String| {
         let _ = started.send(Err(format!("shard {shard_id}: {e}")));
@@ -228,6 +270,8 @@ async fn shard_main(
     let _ = glommio::spawn_local_into(shard.clone().deleter_loop(deleter_kicks), background)
         .map(|t| t.detach());
     let _ = glommio::spawn_local_into(shard.clone().janitor_loop(), background).map(|t| t.detach());
+    let _ = glommio::spawn_local_into(shard.clone().metrics_loop(ops.slots.clone()), background)
+        .map(|t| t.detach());
     for receiver in inbound {
         let shard = shard.clone();
         glommio::spawn_local(async move {
@@ -252,7 +296,23 @@ async fn shard_main(
         let topology = topology.clone();
         async move { accept_loop(shard, topology, own, true).await }
     };
-    futures_lite::future::zip(accept_loop(shard, topology, shared, false), accept_own).await;
+    // The accept loops never end on their own: the shutdown flag ends them, and dropping them
+    // closes both listeners before the shard drains.
+    let accepting = futures_lite::future::zip(
+        accept_loop(shard.clone(), topology, shared, false),
+        accept_own,
+    );
+    futures_lite::future::or(
+        async {
+            accepting.await;
+        },
+        ops.shutdown.requested(),
+    )
+    .await;
+    shard
+        .shut_down(std::time::Instant::now() + shutdown::DRAIN_MAX)
+        .await;
+    shard.publish_snapshot(&ops.slots);
 }
 
 async fn accept_loop(

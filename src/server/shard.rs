@@ -6,6 +6,8 @@
 //!   the core's next wake-up or a kick (publish, subscribe, ACK, credit);
 //! - the deleter and janitor loops (background queue, lower shares): flush delete batches and
 //!   sweep for expired messages without starving dispatch;
+//! - the metrics loop (background queue): once a second, copies the core's counters and the
+//!   shard's histograms into its metrics slot (`crate::metrics`), the only lock a shard takes;
 //! - one receive loop per peer shard, handling its [`ShardMsg`]s;
 //! - accept loops and one RPC system per connection (`super::connection`).
 //!
@@ -13,11 +15,15 @@
 //! drains the consumer's hub queue only up to the sink's credit; the sink returns credit once the
 //! client's `deliver` stream has taken the batch. A slow client therefore fills its hub queue and
 //! the dispatcher skips it, as PRODUCT.md §1 asks; nothing in between is unbounded.
+//!
+//! Shutdown ([`Shard::shut_down`], after the accept loops are dropped): refuse new publishes and
+//! stop the dispatch, deleter and janitor loops, wait for publishes in progress, close every sink,
+//! flush all waiting deletes, wait for the loops to return, close the store.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ahash::AHashMap;
 use futures_channel::oneshot;
@@ -27,6 +33,7 @@ use glommio::channels::shared_channel::ConnectedSender;
 use super::mesh::{Reply, Request, SettleOp, ShardMsg, SinkAddr};
 use super::store::ShardStore;
 use crate::config::DeliveryConfig;
+use crate::metrics::{MetricsSlots, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
 use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
 
 /// Wall-clock milliseconds; the core clamps them so shard time never goes back.
@@ -52,6 +59,23 @@ impl Sink {
     pub fn close(&self) {
         self.closed.set(true);
         let _ = self.notify.try_send(());
+    }
+}
+
+/// Counts one task in progress (a publish, a loop) for as long as it lives, so one whose task is
+/// dropped mid-write (its client went away) does not keep a shutdown waiting.
+struct InProgress<'a>(&'a Cell<usize>);
+
+impl<'a> InProgress<'a> {
+    fn enter(count: &'a Cell<usize>) -> InProgress<'a> {
+        count.set(count.get() + 1);
+        InProgress(count)
+    }
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
     }
 }
 
@@ -89,6 +113,15 @@ pub struct Shard {
     routes: RefCell<AHashMap<ConsumerId, Route>>,
     dispatcher: Kick,
     deleter: Kick,
+    /// Latency and size histograms; only this shard records, the metrics loop snapshots them.
+    pub recorder: RefCell<ShardRecorder>,
+    /// A shutdown has begun: new publishes are refused.
+    draining: Cell<bool>,
+    /// Publish batches between their start on this shard and their store acknowledgement.
+    publishing: Cell<usize>,
+    /// Dispatch, deleter and janitor loops still running: the store is closed only once they
+    /// have returned, so no scan or write overlaps the close.
+    loops_running: Cell<usize>,
 }
 
 impl Shard {
@@ -115,6 +148,10 @@ impl Shard {
             routes: RefCell::new(AHashMap::new()),
             dispatcher,
             deleter,
+            recorder: RefCell::new(ShardRecorder::default()),
+            draining: Cell::new(false),
+            publishing: Cell::new(0),
+            loops_running: Cell::new(0),
         }
     }
 
@@ -164,8 +201,22 @@ impl Shard {
                 ack,
                 reply,
             } => {
+                if self.draining.get() {
+                    let _ = reply.send(Err(format!(
+                        "shard {} is shutting down: nothing was stored, publish again once the broker is back",
+                        self.id
+                    )));
+                    return;
+                }
+                let in_progress = InProgress::enter(&self.publishing);
+                let started = Instant::now();
                 let result =
                     drive::publish(&self.core, &self.store, now_ms(), &messages, ack).await;
+                drop(in_progress);
+                if result.is_ok() {
+                    let us = started.elapsed().as_micros() as u64;
+                    self.recorder.borrow_mut().publish_latency.record(us);
+                }
                 self.dispatcher.kick();
                 let _ = reply.send(result.map_err(|e| e.to_string()));
             }
@@ -303,10 +354,12 @@ impl Shard {
         if credit == 0 {
             return;
         }
-        let deliveries = self.core.borrow_mut().drain(now_ms(), consumer, credit);
+        let now = now_ms();
+        let deliveries = self.core.borrow_mut().drain(now, consumer, credit);
         if deliveries.is_empty() {
             return;
         }
+        self.record_delivery_latency(now, &deliveries);
         if let Some(route) = self.routes.borrow_mut().get_mut(&consumer) {
             route.credit -= deliveries.len();
         }
@@ -328,12 +381,28 @@ impl Shard {
         }
     }
 
+    /// Due time → hand-off, for first deliveries only (a redelivery's lateness is the lease or
+    /// the NACK delay, not the broker's).
+    fn record_delivery_latency(&self, now_ms: u64, deliveries: &[Delivery]) {
+        let mut recorder = self.recorder.borrow_mut();
+        for delivery in deliveries.iter().filter(|d| d.attempt == 1) {
+            if let Ok(message) = delivery.value.message() {
+                let due_ms = message.enqueued_at_ms().saturating_add(message.delay_ms());
+                recorder
+                    .delivery_latency
+                    .record(now_ms.saturating_sub(due_ms).saturating_mul(1000));
+            }
+        }
+    }
+
     // ---- loops ---------------------------------------------------------------------------
 
     /// The dispatch loop: passes, routing, then sleep until the next wake-up or a kick.
     pub async fn dispatch_loop(self: Rc<Self>, kicks: LocalReceiver<()>) {
-        loop {
+        let _running = InProgress::enter(&self.loops_running);
+        while !self.draining.get() {
             let now = now_ms();
+            let started = Instant::now();
             let productive = match drive::dispatch_pass(&self.core, &self.store, now).await {
                 Ok(productive) => productive,
                 Err(e) => {
@@ -345,6 +414,8 @@ impl Shard {
             for consumer in ready {
                 self.pump(consumer).await;
             }
+            let us = started.elapsed().as_micros() as u64;
+            self.recorder.borrow_mut().dispatch_pass.record(us);
             if productive {
                 glommio::yield_if_needed().await;
                 continue;
@@ -371,12 +442,19 @@ impl Shard {
 
     /// The deleter loop: flushes delete batches on the interval, or at once when one is full.
     pub async fn deleter_loop(self: Rc<Self>, kicks: LocalReceiver<()>) {
+        let _running = InProgress::enter(&self.loops_running);
         let interval = Duration::from_millis(self.delivery.delete_batch_interval_ms);
-        loop {
+        while !self.draining.get() {
             loop {
-                match drive::flush_deletes(&self.core, &self.store, now_ms()).await {
-                    Ok(true) => glommio::yield_if_needed().await,
-                    Ok(false) => break,
+                match drive::flush_delete_batch(&self.core, &self.store, now_ms(), false).await {
+                    Ok(Some(keys)) => {
+                        self.recorder
+                            .borrow_mut()
+                            .delete_batch_size
+                            .record(keys as u64);
+                        glommio::yield_if_needed().await;
+                    }
+                    Ok(None) => break,
                     Err(e) => {
                         tracing::warn!(shard = self.id, "delete flush failed, will retry: {e}");
                         break;
@@ -398,9 +476,13 @@ impl Shard {
 
     /// The janitor loop: a full sweep every `ttlSweepInterval`, yielding between pages.
     pub async fn janitor_loop(self: Rc<Self>) {
+        let _running = InProgress::enter(&self.loops_running);
         loop {
             let sleep_ms = self.delivery.ttl_sweep_interval_ms.min(1_000);
             glommio::timer::sleep(Duration::from_millis(sleep_ms)).await;
+            if self.draining.get() {
+                return;
+            }
             let swept = drive::sweep(&self.core, &self.store, now_ms(), || {
                 glommio::yield_if_needed()
             })
@@ -411,6 +493,74 @@ impl Shard {
                 Err(e) => tracing::warn!(shard = self.id, "janitor sweep failed: {e}"),
             }
         }
+    }
+
+    /// The metrics loop: publishes this shard's snapshot into its slot once a second.
+    pub async fn metrics_loop(self: Rc<Self>, slots: MetricsSlots) {
+        loop {
+            self.publish_snapshot(&slots);
+            glommio::timer::sleep(SNAPSHOT_INTERVAL).await;
+        }
+    }
+
+    /// Copies the counters and histograms into this shard's metrics slot.
+    pub fn publish_snapshot(&self, slots: &MetricsSlots) {
+        let snapshot = ShardSnapshot {
+            stats: self.core.borrow().stats(),
+            histograms: self.recorder.borrow().snapshot(),
+            storage: self.store.storage_figures(),
+        };
+        slots.publish(self.id, snapshot);
+    }
+
+    /// Graceful shutdown of this shard, once its listeners are closed: refuses new publishes,
+    /// waits for those in progress, closes every subscription's sink (their streams end; the
+    /// copies they held are redelivered after the restart, as nothing ACKed them), writes every
+    /// waiting delete and closes the store. Waits at most `deadline` for publishes and deletes.
+    pub async fn shut_down(self: &Rc<Self>, deadline: Instant) {
+        self.draining.set(true);
+        // Wake the loops so they see the flag and return (the janitor within its sleep, ≤ 1 s).
+        self.dispatcher.kick();
+        self.deleter.kick();
+        while self.publishing.get() > 0 && Instant::now() < deadline {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        if self.publishing.get() > 0 {
+            tracing::warn!(
+                shard = self.id,
+                publishing = self.publishing.get(),
+                "publishes still waiting for the store at the shutdown deadline"
+            );
+        }
+        let sinks: Vec<u64> = self.sinks.borrow().keys().copied().collect();
+        for sink in sinks {
+            self.close_sink(sink);
+        }
+        while self.core.borrow().deletes_busy() && Instant::now() < deadline {
+            match drive::flush_delete_batch(&self.core, &self.store, now_ms(), true).await {
+                Ok(Some(keys)) => self
+                    .recorder
+                    .borrow_mut()
+                    .delete_batch_size
+                    .record(keys as u64),
+                // The deleter loop has a batch out: wait for it.
+                Ok(None) => glommio::timer::sleep(Duration::from_millis(1)).await,
+                Err(e) => {
+                    tracing::warn!(shard = self.id, "delete flush at shutdown failed: {e}");
+                    glommio::timer::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        if self.core.borrow().deletes_busy() {
+            tracing::warn!(shard = self.id, "deletes still waiting at the shutdown deadline: their messages may be delivered again after a restart");
+        }
+        while self.loops_running.get() > 0 && Instant::now() < deadline {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        if let Err(e) = self.store.close().await {
+            tracing::error!(shard = self.id, "closing the store failed: {e}");
+        }
+        tracing::debug!(shard = self.id, "shard stopped");
     }
 
     /// Dispatch work needs to look again (used by the connection layer after it changes state).

@@ -2,13 +2,33 @@
 //!
 //! A closed enum rather than a trait object: `Store` has async methods, and the set of engines is
 //! pinq's own. Every method delegates.
+//!
+//! Besides the [`Store`] methods: [`ShardStore::storage_figures`] (for `/metrics`; `None` for
+//! engines without figures) and [`ShardStore::close`] (graceful shutdown, after the last write).
 
 use crate::key::Key;
 use crate::message::Value;
+use crate::metrics::StorageFigures;
 use crate::store::{MemStore, Store, StoreError, Sync, WriteBatch};
 
 pub enum ShardStore {
     Memory(MemStore),
+}
+
+impl ShardStore {
+    /// The engine's figures for the metrics endpoint; `None` when it keeps none (memory).
+    pub fn storage_figures(&self) -> Option<StorageFigures> {
+        match self {
+            ShardStore::Memory(_) => None,
+        }
+    }
+
+    /// Makes everything written so far durable and releases the engine (graceful shutdown).
+    pub async fn close(&self) -> Result<(), StoreError> {
+        match self {
+            ShardStore::Memory(_) => Ok(()),
+        }
+    }
 }
 
 impl Store for ShardStore {

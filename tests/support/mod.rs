@@ -1,8 +1,9 @@
 //! Test support: a real `pinq serve` process on 127.0.0.1 with ephemeral ports.
 //!
 //! `Server::start(args)` spawns the binary Cargo built for this test run, reads the line
-//! `pinq listening on ADDR with N shard(s) on CPUs [..]; shard ports P,Q` from its stdout and
-//! returns once the broker accepts connections. Dropping the `Server` kills the process.
+//! `pinq listening on ADDR with N shard(s) on CPUs [..]; shard ports P,Q` from its stdout, then
+//! the line `pinq metrics on ADDR` that follows it, and returns once the broker accepts
+//! connections. Dropping the `Server` kills the process.
 //! Each test file that uses it declares `mod support;` and may use only part of it.
 #![allow(dead_code)]
 
@@ -23,6 +24,8 @@ pub struct Server {
     pub addr: SocketAddr,
     /// Each shard's own port, in shard order.
     pub shard_ports: Vec<u16>,
+    /// The metrics endpoint (`/metrics`, `/healthz`), from the `pinq metrics on ADDR` line.
+    pub metrics_addr: Option<SocketAddr>,
     /// The data directory the server was started with.
     pub data_dir: PathBuf,
     /// Everything the server printed after the listening line (stdout and stderr merged),
@@ -69,7 +72,10 @@ impl Server {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        );
         let mut child = cmd.spawn().expect("spawn pinq serve");
         let stdout = child.stdout.take().expect("stdout");
         let stderr = child.stderr.take().expect("stderr");
@@ -104,15 +110,22 @@ impl Server {
         });
         let deadline = std::time::Instant::now() + START_TIMEOUT;
         let mut seen = Vec::new();
+        let mut listening = None;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) => {
-                    if let Some((addr, shard_ports)) = parse_listening(&line) {
+                    if let Some(found) = parse_listening(&line) {
+                        listening = Some(found);
+                    } else if let (Some((addr, shard_ports)), Some(metrics_addr)) =
+                        (&listening, parse_metrics(&line))
+                    {
+                        // The server prints the metrics line right after the listening line.
                         return Server {
                             child: Some(child),
-                            addr,
-                            shard_ports,
+                            addr: *addr,
+                            shard_ports: shard_ports.clone(),
+                            metrics_addr: Some(metrics_addr),
                             data_dir: data_dir.to_path_buf(),
                             output: rx,
                             _tmp: None,
@@ -210,12 +223,52 @@ fn parse_listening(line: &str) -> Option<(SocketAddr, Vec<u16>)> {
     Some((addr, ports))
 }
 
+/// Parses `pinq metrics on ADDR`.
+fn parse_metrics(line: &str) -> Option<SocketAddr> {
+    line.strip_prefix("pinq metrics on ")?.trim().parse().ok()
+}
+
+/// `GET path` on the metrics endpoint: (status code, body). Plain HTTP/1.0 over std TCP.
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Reads the value of the sample `name{labels}` (labels written exactly as the page shows
+/// them, e.g. `shard="0"`) from a metrics page.
+pub fn sample(page: &str, name: &str, labels: &str) -> Option<f64> {
+    let prefix = format!("{name}{{{labels}}} ");
+    page.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 /// Runs the `pinq` CLI with `args` and optional stdin; returns (exit code, stdout, stderr).
 pub fn cli(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
     use std::io::Write;
     let mut child = Command::new(pinq_bin())
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -1,0 +1,372 @@
+//! Encodes the shards' snapshots in the OpenMetrics text format with `prometheus-client`.
+//!
+//! The figures already live in the shards' snapshots, so instead of mirroring them into
+//! `prometheus-client` metric objects, one [`Collector`] walks the snapshots on each scrape and
+//! emits const metrics: one family per metric name, one sample per shard (label `shard`) and per
+//! extra label (`result`, `source`, `reason`). A shard that has not published a snapshot yet is
+//! left out rather than shown as zeros. Storage families appear only when some shard's engine
+//! keeps figures.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use super::{HistogramSnapshot, MetricsSlots, ShardSnapshot, StorageFigures};
+
+/// The collector over every shard's slot.
+#[derive(Debug)]
+pub struct ShardCollector {
+    slots: MetricsSlots,
+}
+
+/// Encodes the current snapshots as an OpenMetrics text page (ends with `# EOF`).
+pub fn render(slots: &MetricsSlots) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ShardCollector {
+        slots: slots.clone(),
+    }));
+    let mut page = String::new();
+    prometheus_client::encoding::text::encode(&mut page, &registry)?;
+    Ok(page)
+}
+
+/// A counter or gauge value of one shard, read from its snapshot.
+type Read = fn(&ShardSnapshot) -> u64;
+
+/// A storage figure of one shard.
+type ReadStorage = fn(&StorageFigures) -> u64;
+
+/// Counters with one extra label: (name, help, label, [(label value, read)]).
+type Labelled = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [(&'static str, Read)],
+);
+
+const COUNTERS: &[(&str, &str, Read)] = &[
+    (
+        "pinq_messages_published",
+        "Messages stored by publish batches on this shard (at their requested ack level).",
+        |s| s.stats.counters.published_total,
+    ),
+    (
+        "pinq_messages_dispatched",
+        "Copies handed to a consumer's queue, first deliveries and redeliveries.",
+        |s| s.stats.counters.dispatched_total,
+    ),
+    (
+        "pinq_consumer_queue_full",
+        "Times a consumer was skipped for a message because its server-side queue was full.",
+        |s| s.stats.counters.consumer_queue_full_total,
+    ),
+    (
+        "pinq_delete_failures",
+        "Delete batches the store refused (their keys are retried).",
+        |s| s.stats.delete_failures_total,
+    ),
+    (
+        "pinq_delete_batches",
+        "Delete batches applied to the store.",
+        |s| s.stats.delete_batches_total,
+    ),
+    (
+        "pinq_deleted_keys",
+        "Keys deleted by applied delete batches.",
+        |s| s.stats.deleted_keys_total,
+    ),
+    (
+        "pinq_unreadable_values",
+        "Stored values that did not decode and were skipped.",
+        |s| s.stats.counters.unreadable_values_total,
+    ),
+    (
+        "pinq_groups_forgotten",
+        "Consumer groups forgotten after groupRetention without consumers, or on request.",
+        |s| s.stats.counters.groups_forgotten_total,
+    ),
+];
+
+const LABELLED_COUNTERS: &[Labelled] = &[
+    (
+        "pinq_consumer_ack",
+        "Tags settled by consumers: acked, nacked, or refused (the tag was not held by that consumer any more; counts ACK, NACK and touch).",
+        "result",
+        &[
+            ("acked", |s| s.stats.counters.acked_total),
+            ("nacked", |s| s.stats.counters.nacked_total),
+            ("refused", |s| s.stats.counters.ack_refused_total),
+        ],
+    ),
+    (
+        "pinq_messages_expired",
+        "Messages found past their TTL, by who found them.",
+        "source",
+        &[
+            ("dispatcher", |s| s.stats.counters.expired_dispatcher_total),
+            ("janitor", |s| s.stats.counters.expired_janitor_total),
+        ],
+    ),
+    (
+        "pinq_redeliveries",
+        "Copies made deliverable again, by why.",
+        "reason",
+        &[
+            ("timeout", |s| s.stats.counters.redeliveries_timeout_total),
+            ("nack", |s| s.stats.counters.redeliveries_nack_total),
+            ("disconnect", |s| {
+                s.stats.counters.redeliveries_disconnect_total
+            }),
+        ],
+    ),
+];
+
+const GAUGES: &[(&str, &str, Read)] = &[
+    (
+        "pinq_messages_in_flight",
+        "Messages with at least one copy delivered or waiting for redelivery (in-flight table entries).",
+        |s| s.stats.in_flight as u64,
+    ),
+    (
+        "pinq_active_consumers",
+        "Consumers subscribed to topics this shard owns.",
+        |s| s.stats.active_consumers as u64,
+    ),
+    (
+        "pinq_delete_queue_keys",
+        "Keys waiting for the next delete batch.",
+        |s| s.stats.delete_queued as u64,
+    ),
+    (
+        "pinq_pending_copies",
+        "Copies waiting for a consumer with room (retry lists).",
+        |s| s.stats.pending_copies as u64,
+    ),
+];
+
+type ReadHistogram = fn(&ShardSnapshot) -> &HistogramSnapshot;
+
+const HISTOGRAMS: &[(&str, &str, ReadHistogram)] = &[
+    (
+        "pinq_publish_latency_seconds",
+        "Owning shard taking a publish batch to the batch stored at its requested ack level.",
+        |s| &s.histograms.publish_latency,
+    ),
+    (
+        "pinq_delivery_latency_seconds",
+        "A message's due time to its first delivery handed to the consumer's connection (1 ms resolution).",
+        |s| &s.histograms.delivery_latency,
+    ),
+    (
+        "pinq_dispatch_pass_duration_seconds",
+        "One dispatch pass: planning, storage scans and routing of its deliveries.",
+        |s| &s.histograms.dispatch_pass,
+    ),
+    (
+        "pinq_delete_batch_size",
+        "Keys per applied delete batch.",
+        |s| &s.histograms.delete_batch_size,
+    ),
+];
+
+const STORAGE_COUNTERS: &[(&str, &str, ReadStorage)] = &[
+    (
+        "pinq_storage_wal_bytes_written",
+        "Bytes written to WAL segments, padding included.",
+        |f| f.wal_bytes_written,
+    ),
+    ("pinq_storage_wal_writes", "WAL writes.", |f| f.wal_writes),
+    ("pinq_storage_wal_fsyncs", "WAL fdatasyncs.", |f| {
+        f.wal_fsyncs
+    }),
+    (
+        "pinq_storage_flushes",
+        "Memtables flushed to tables.",
+        |f| f.flushes,
+    ),
+    ("pinq_storage_compactions", "Compactions run.", |f| {
+        f.compactions
+    }),
+    (
+        "pinq_storage_compaction_bytes_read",
+        "Bytes read by compactions.",
+        |f| f.compaction_bytes_read,
+    ),
+    (
+        "pinq_storage_compaction_bytes_written",
+        "Bytes written by compactions.",
+        |f| f.compaction_bytes_written,
+    ),
+    (
+        "pinq_storage_write_stalls",
+        "Writes that waited for a flush because the memtables were full.",
+        |f| f.write_stalls,
+    ),
+];
+
+const STORAGE_GAUGES: &[(&str, &str, ReadStorage)] = &[
+    (
+        "pinq_storage_wal_live_bytes",
+        "WAL record bytes not yet covered by tables.",
+        |f| f.wal_live_bytes,
+    ),
+    (
+        "pinq_storage_memtable_bytes",
+        "Bytes in the active memtable.",
+        |f| f.memtable_bytes,
+    ),
+    (
+        "pinq_storage_frozen_memtable_bytes",
+        "Bytes in memtables waiting to be flushed.",
+        |f| f.frozen_memtable_bytes,
+    ),
+    ("pinq_storage_tables", "Live sorted tables.", |f| f.tables),
+    (
+        "pinq_storage_table_bytes",
+        "Bytes in live sorted tables.",
+        |f| f.table_bytes,
+    ),
+];
+
+impl Collector for ShardCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let shards: Vec<(String, ShardSnapshot)> = self
+            .slots
+            .read()
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.map(|s| (i.to_string(), s)))
+            .collect();
+        for (name, help, read) in COUNTERS {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (shard, snap) in &shards {
+                family
+                    .encode_family(&[("shard", shard.as_str())])?
+                    .encode_counter::<NoLabelSet, _, u64>(&read(snap), None)?;
+            }
+        }
+        for (name, help, label, values) in LABELLED_COUNTERS {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (shard, snap) in &shards {
+                for (value, read) in values.iter() {
+                    family
+                        .encode_family(&[("shard", shard.as_str()), (label, value)])?
+                        .encode_counter::<NoLabelSet, _, u64>(&read(snap), None)?;
+                }
+            }
+        }
+        for (name, help, read) in GAUGES {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (shard, snap) in &shards {
+                family
+                    .encode_family(&[("shard", shard.as_str())])?
+                    .encode_gauge(&read(snap))?;
+            }
+        }
+        for (name, help, read) in HISTOGRAMS {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+            for (shard, snap) in &shards {
+                let h = read(snap);
+                family
+                    .encode_family(&[("shard", shard.as_str())])?
+                    .encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)?;
+            }
+        }
+        let storage: Vec<(&str, &StorageFigures)> = shards
+            .iter()
+            .filter_map(|(shard, snap)| snap.storage.as_ref().map(|f| (shard.as_str(), f)))
+            .collect();
+        if storage.is_empty() {
+            return Ok(());
+        }
+        for (name, help, read) in STORAGE_COUNTERS {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (shard, figures) in &storage {
+                family
+                    .encode_family(&[("shard", *shard)])?
+                    .encode_counter::<NoLabelSet, _, u64>(&read(figures), None)?;
+            }
+        }
+        for (name, help, read) in STORAGE_GAUGES {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (shard, figures) in &storage {
+                family
+                    .encode_family(&[("shard", *shard)])?
+                    .encode_gauge(&read(figures))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::ShardRecorder;
+
+    fn snapshot(published: u64) -> ShardSnapshot {
+        let mut snap = ShardSnapshot::default();
+        snap.stats.counters.published_total = published;
+        snap.stats.counters.acked_total = 3;
+        snap.stats.counters.redeliveries_nack_total = 2;
+        snap.stats.in_flight = 5;
+        let mut recorder = ShardRecorder::default();
+        recorder.publish_latency.record(300);
+        snap.histograms = recorder.snapshot();
+        snap
+    }
+
+    #[test]
+    fn page_has_per_shard_samples_with_their_labels() {
+        let slots = MetricsSlots::new(2);
+        slots.publish(0, snapshot(10));
+        slots.publish(1, snapshot(20));
+        let page = render(&slots).unwrap();
+        assert!(
+            page.contains("pinq_messages_published_total{shard=\"0\"} 10\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains("pinq_messages_published_total{shard=\"1\"} 20\n"),
+            "{page}"
+        );
+        assert!(page.contains("pinq_consumer_ack_total{shard=\"0\",result=\"acked\"} 3\n"));
+        assert!(page.contains("pinq_redeliveries_total{shard=\"1\",reason=\"nack\"} 2\n"));
+        assert!(page.contains("pinq_messages_in_flight{shard=\"0\"} 5\n"));
+        assert!(page.contains("# TYPE pinq_publish_latency_seconds histogram"));
+        assert!(page.contains("pinq_publish_latency_seconds_count{shard=\"1\"} 1\n"));
+        assert!(
+            page.contains("pinq_publish_latency_seconds_bucket{le=\"0.0005\",shard=\"0\"} 1\n")
+                || page
+                    .contains("pinq_publish_latency_seconds_bucket{shard=\"0\",le=\"0.0005\"} 1\n"),
+            "{page}"
+        );
+        assert!(page.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn storage_families_appear_only_with_an_engine_that_has_figures() {
+        let slots = MetricsSlots::new(1);
+        slots.publish(0, snapshot(1));
+        assert!(!render(&slots).unwrap().contains("pinq_storage_"));
+        let mut snap = snapshot(1);
+        snap.storage = Some(StorageFigures {
+            wal_fsyncs: 4,
+            ..StorageFigures::default()
+        });
+        slots.publish(0, snap);
+        assert!(render(&slots)
+            .unwrap()
+            .contains("pinq_storage_wal_fsyncs_total{shard=\"0\"} 4\n"));
+    }
+
+    #[test]
+    fn a_shard_without_a_snapshot_is_left_out() {
+        let slots = MetricsSlots::new(2);
+        slots.publish(1, snapshot(1));
+        let page = render(&slots).unwrap();
+        assert!(!page.contains("shard=\"0\""));
+        assert!(page.contains("shard=\"1\""));
+    }
+}

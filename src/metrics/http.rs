@@ -1,0 +1,111 @@
+//! The metrics endpoint: `GET /metrics` and `GET /healthz` on `server.metricsListen`, served by
+//! one plain OS thread with `tiny_http`, off every shard's core and hot path.
+//!
+//! `/metrics` renders the shards' latest snapshots (`encode.rs`). `/healthz` answers `503 starting`
+//! until every shard listens, `200 ok` while the broker serves and `503 shutting down` once a
+//! shutdown has begun, so a load balancer sends clients only to a broker that takes them.
+//! Anything else is a 404.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::encode::render;
+use super::MetricsSlots;
+
+/// The content type of the OpenMetrics text format that `prometheus-client` writes.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A running endpoint; [`MetricsEndpoint::stop`] ends its thread.
+pub struct MetricsEndpoint {
+    server: Arc<tiny_http::Server>,
+    thread: Option<JoinHandle<()>>,
+    /// The address actually bound (port 0 resolved).
+    pub addr: SocketAddr,
+}
+
+impl MetricsEndpoint {
+    /// Binds `addr` and starts the serving thread. `/healthz` is 200 while `serving` is set and
+    /// `shutting_down` is not.
+    pub fn start(
+        addr: SocketAddr,
+        slots: MetricsSlots,
+        serving: Arc<AtomicBool>,
+        shutting_down: Arc<AtomicBool>,
+    ) -> anyhow::Result<MetricsEndpoint> {
+        let server = tiny_http::Server::http(addr).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot serve metrics on {addr} (server.metricsListen / --metrics-listen): {e}"
+            )
+        })?;
+        let bound = server
+            .server_addr()
+            .to_ip()
+            .ok_or_else(|| anyhow::anyhow!("metrics endpoint {addr} is not an IP address"))?;
+        let server = Arc::new(server);
+        let server_ref = server.clone();
+        let thread = std::thread::Builder::new()
+            .name("pinq-metrics".into())
+            .spawn(move || serve(&server_ref, &slots, &serving, &shutting_down))?;
+        Ok(MetricsEndpoint {
+            server,
+            thread: Some(thread),
+            addr: bound,
+        })
+    }
+
+    /// Stops accepting scrapes and joins the thread.
+    pub fn stop(mut self) {
+        self.server.unblock();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve(
+    server: &tiny_http::Server,
+    slots: &MetricsSlots,
+    serving: &AtomicBool,
+    shutting_down: &AtomicBool,
+) {
+    for request in server.incoming_requests() {
+        let path = request.url().split('?').next().unwrap_or("");
+        let response = match (request.method(), path) {
+            (tiny_http::Method::Get, "/metrics") => match render(slots) {
+                Ok(page) => text(200, page, OPENMETRICS),
+                Err(_) => text(500, "encoding the metrics failed\n".into(), "text/plain"),
+            },
+            (tiny_http::Method::Get, "/healthz") => {
+                if shutting_down.load(Ordering::Relaxed) {
+                    text(503, "shutting down\n".into(), "text/plain")
+                } else if !serving.load(Ordering::Relaxed) {
+                    text(503, "starting\n".into(), "text/plain")
+                } else {
+                    text(200, "ok\n".into(), "text/plain")
+                }
+            }
+            _ => text(
+                404,
+                "not found: try /metrics or /healthz\n".into(),
+                "text/plain",
+            ),
+        };
+        if let Err(e) = request.respond(response) {
+            tracing::debug!("metrics response not sent: {e}");
+        }
+    }
+}
+
+fn text(
+    status: u16,
+    body: String,
+    content_type: &str,
+) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
+    let response = tiny_http::Response::from_string(body).with_status_code(status);
+    match tiny_http::Header::from_bytes("Content-Type", content_type) {
+        Ok(header) => response.with_header(header),
+        Err(()) => response,
+    }
+}

@@ -1,0 +1,260 @@
+//! Prometheus metrics: what a shard records, the snapshot it hands over, and the endpoint.
+//!
+//! The shards never take a lock on their hot path. Each shard counts in its [`ShardCore`]
+//! (`Counters`, plain integers) and records latencies and sizes in its own [`ShardRecorder`]
+//! (HdrHistograms behind the shard's `RefCell`). About once a second a low-priority task of the
+//! shard turns both into a [`ShardSnapshot`] and stores it in the shard's [`MetricsSlots`] entry:
+//! one short mutex hold per shard per second, never contended by another shard. The HTTP thread
+//! (`http.rs`) reads the slots on each scrape and encodes them with `prometheus-client`
+//! (`encode.rs`). A scrape therefore shows figures up to one snapshot interval old.
+//!
+//! Who calls it: `crate::server` (one slot per shard, the recorder inside each `Shard`, the
+//! endpoint thread started by `run`). Nothing here does I/O except `http.rs`.
+//!
+//! [`ShardCore`]: crate::pipeline::ShardCore
+
+pub mod encode;
+pub mod http;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use crate::pipeline::ShardStats;
+
+/// How often a shard publishes its snapshot.
+pub const SNAPSHOT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Largest latency a histogram tells apart (60 s, in microseconds); larger ones count as this.
+const LATENCY_US_MAX: u64 = 60_000_000;
+
+/// Largest delete batch a histogram tells apart (`delivery.deleteBatchMaxKeys`' upper bound).
+const BATCH_KEYS_MAX: u64 = 1_000_000;
+
+/// Significant figures kept by the histograms: 1 % resolution keeps each one a few KiB.
+const SIGNIFICANT_FIGURES: u8 = 2;
+
+/// Upper bounds (seconds) of the exported latency buckets.
+pub const LATENCY_BUCKETS_S: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Upper bounds (keys) of the exported delete-batch-size buckets.
+pub const BATCH_BUCKETS: &[f64] = &[
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0,
+];
+
+/// One histogram, accumulated in an HdrHistogram plus an exact sum.
+pub struct Recorded {
+    hist: Histogram<u64>,
+    sum: u64,
+    /// Recorded unit per exported unit (1e6 for microseconds exported as seconds).
+    units_per_export: f64,
+}
+
+impl Recorded {
+    fn new(high: u64, units_per_export: f64) -> Recorded {
+        // The bounds are constants: a failure is a bug in this file, not an input error.
+        let hist = Histogram::new_with_bounds(1, high, SIGNIFICANT_FIGURES)
+            .expect("constant histogram bounds are valid");
+        Recorded {
+            hist,
+            sum: 0,
+            units_per_export,
+        }
+    }
+
+    /// Records one value (values above the range count as the largest).
+    pub fn record(&mut self, value: u64) {
+        self.hist.saturating_record(value);
+        self.sum = self.sum.saturating_add(value);
+    }
+
+    /// The exported form: per-bucket (not cumulative) counts for `bounds`, then the sum and the
+    /// count. Bucket edges are exact to the histogram's resolution (1 %).
+    pub fn snapshot(&self, bounds: &[f64]) -> HistogramSnapshot {
+        let count = self.hist.len();
+        let mut buckets = Vec::with_capacity(bounds.len() + 1);
+        let mut below = 0u64;
+        for &bound in bounds {
+            let high = (bound * self.units_per_export) as u64;
+            let cumulative = self.hist.count_between(0, high).min(count);
+            buckets.push((bound, cumulative.saturating_sub(below)));
+            below = below.max(cumulative);
+        }
+        buckets.push((f64::INFINITY, count.saturating_sub(below)));
+        HistogramSnapshot {
+            sum: self.sum as f64 / self.units_per_export,
+            count,
+            buckets,
+        }
+    }
+}
+
+/// What a scrape shows of one histogram.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HistogramSnapshot {
+    /// Sum of the observations, in the exported unit.
+    pub sum: f64,
+    pub count: u64,
+    /// `(upper bound, observations in this bucket only)`, the last bound `+Inf`.
+    pub buckets: Vec<(f64, u64)>,
+}
+
+/// A shard's histograms. Lives inside the shard (no lock); only the shard records.
+pub struct ShardRecorder {
+    /// Owning shard taking a publish batch → the batch stored at its ack level (µs).
+    pub publish_latency: Recorded,
+    /// A message's due time → its first delivery handed to the consumer's connection (µs;
+    /// shard clock in milliseconds, so the resolution is 1 ms).
+    pub delivery_latency: Recorded,
+    /// One dispatch pass: planning, storage scans and routing of its deliveries (µs).
+    pub dispatch_pass: Recorded,
+    /// Keys per applied delete batch.
+    pub delete_batch_size: Recorded,
+}
+
+impl Default for ShardRecorder {
+    fn default() -> ShardRecorder {
+        ShardRecorder {
+            publish_latency: Recorded::new(LATENCY_US_MAX, 1e6),
+            delivery_latency: Recorded::new(LATENCY_US_MAX, 1e6),
+            dispatch_pass: Recorded::new(LATENCY_US_MAX, 1e6),
+            delete_batch_size: Recorded::new(BATCH_KEYS_MAX, 1.0),
+        }
+    }
+}
+
+impl ShardRecorder {
+    pub fn snapshot(&self) -> RecorderSnapshot {
+        RecorderSnapshot {
+            publish_latency: self.publish_latency.snapshot(LATENCY_BUCKETS_S),
+            delivery_latency: self.delivery_latency.snapshot(LATENCY_BUCKETS_S),
+            dispatch_pass: self.dispatch_pass.snapshot(LATENCY_BUCKETS_S),
+            delete_batch_size: self.delete_batch_size.snapshot(BATCH_BUCKETS),
+        }
+    }
+}
+
+/// The exported form of a [`ShardRecorder`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecorderSnapshot {
+    pub publish_latency: HistogramSnapshot,
+    pub delivery_latency: HistogramSnapshot,
+    pub dispatch_pass: HistogramSnapshot,
+    pub delete_batch_size: HistogramSnapshot,
+}
+
+/// Storage-engine figures of one shard, for engines that keep them (the LSM log).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StorageFigures {
+    pub wal_bytes_written: u64,
+    pub wal_writes: u64,
+    pub wal_fsyncs: u64,
+    pub wal_live_bytes: u64,
+    pub memtable_bytes: u64,
+    pub frozen_memtable_bytes: u64,
+    pub tables: u64,
+    pub table_bytes: u64,
+    pub flushes: u64,
+    pub compactions: u64,
+    pub compaction_bytes_read: u64,
+    pub compaction_bytes_written: u64,
+    pub write_stalls: u64,
+}
+
+impl From<&crate::storage::engine::LsmStats> for StorageFigures {
+    fn from(s: &crate::storage::engine::LsmStats) -> StorageFigures {
+        StorageFigures {
+            wal_bytes_written: s.wal_bytes_written,
+            wal_writes: s.wal_writes,
+            wal_fsyncs: s.wal_fsyncs,
+            wal_live_bytes: s.wal_live_bytes,
+            memtable_bytes: s.memtable_bytes as u64,
+            frozen_memtable_bytes: s.frozen_bytes as u64,
+            tables: s.tables as u64,
+            table_bytes: s.table_bytes,
+            flushes: s.flushes,
+            compactions: s.compactions,
+            compaction_bytes_read: s.compaction_bytes_read,
+            compaction_bytes_written: s.compaction_bytes_written,
+            write_stalls: s.write_stalls,
+        }
+    }
+}
+
+/// Everything a scrape shows of one shard.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ShardSnapshot {
+    pub stats: ShardStats,
+    pub histograms: RecorderSnapshot,
+    /// `None` for engines without figures (the in-memory store): nothing is exported then.
+    pub storage: Option<StorageFigures>,
+}
+
+/// One slot per shard; `None` until the shard's first snapshot.
+#[derive(Clone, Debug, Default)]
+pub struct MetricsSlots {
+    slots: Arc<Vec<Mutex<Option<ShardSnapshot>>>>,
+}
+
+impl MetricsSlots {
+    pub fn new(shards: usize) -> MetricsSlots {
+        MetricsSlots {
+            slots: Arc::new((0..shards).map(|_| Mutex::new(None)).collect()),
+        }
+    }
+
+    /// Stores shard `shard`'s latest snapshot (called by that shard only).
+    pub fn publish(&self, shard: usize, snapshot: ShardSnapshot) {
+        if let Some(slot) = self.slots.get(shard) {
+            // A poisoned slot only means a scrape panicked while reading it: the data is whole.
+            let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
+            *guard = Some(snapshot);
+        }
+    }
+
+    /// Copies of every shard's latest snapshot, in shard order (`None` before the first one).
+    pub fn read(&self) -> Vec<Option<ShardSnapshot>> {
+        self.slots
+            .iter()
+            .map(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_snapshot_puts_each_value_in_its_bucket_once() {
+        let mut r = Recorded::new(LATENCY_US_MAX, 1e6);
+        r.record(40); // 40 µs → first bucket (≤ 50 µs)
+        r.record(900); // 0.9 ms → ≤ 1 ms
+        r.record(120_000_000); // above range → saturates at 60 s → +Inf
+        let s = r.snapshot(LATENCY_BUCKETS_S);
+        assert_eq!(s.count, 3);
+        assert_eq!(s.buckets.len(), LATENCY_BUCKETS_S.len() + 1);
+        assert_eq!(s.buckets[0], (0.000_05, 1));
+        let ms = s.buckets.iter().find(|(b, _)| *b == 0.001).unwrap();
+        assert_eq!(ms.1, 1);
+        assert_eq!(s.buckets.last().unwrap().1, 1);
+        assert_eq!(s.buckets.iter().map(|(_, n)| n).sum::<u64>(), 3);
+        assert!((s.sum - (40.0 + 900.0 + 120_000_000.0) / 1e6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn slots_hold_the_latest_snapshot_per_shard() {
+        let slots = MetricsSlots::new(2);
+        assert_eq!(slots.read(), vec![None, None]);
+        let mut snap = ShardSnapshot::default();
+        snap.stats.in_flight = 7;
+        slots.publish(1, snap.clone());
+        let read = slots.read();
+        assert!(read[0].is_none());
+        assert_eq!(read[1].as_ref().map(|s| s.stats.in_flight), Some(7));
+    }
+}

@@ -1,0 +1,100 @@
+//! `pinq doctor`: inspects the host pinq would run on and prints one line per check with what to
+//! change. Exit status: 0 nothing to change, 1 warnings only, 2 pinq cannot run as configured.
+//!
+//! Reads the host through `host.rs` and judges through `checks.rs`; it starts no shard and
+//! writes nothing but one probe file in the data directory, removed at once.
+
+use std::path::Path;
+
+use super::checks::{self, Finding, Level};
+use super::host;
+use crate::config::{online_cpus, CpuList};
+
+/// Runs every check for shards on `cpus` (the `--cpus` syntax, `"all"` by default) with data in
+/// `data_dir`; returns the findings in report order.
+pub fn inspect(cpus_text: &str, data_dir: &Path) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    let cpus = match CpuList::resolve(cpus_text, &online_cpus()) {
+        Ok(list) => {
+            findings.push(Finding {
+                check: "cpu set",
+                level: Level::Ok,
+                detail: format!(
+                    "{} shard(s) on CPUs {} (--cpus {})",
+                    list.len(),
+                    crate::config::format_cpu_list(list.cpus()),
+                    list.text()
+                ),
+                advice: None,
+            });
+            list.cpus().to_vec()
+        }
+        Err(e) => {
+            findings.push(Finding {
+                check: "cpu set",
+                level: Level::Block,
+                detail: format!("--cpus {cpus_text:?}: {e}"),
+                advice: Some("pass CPUs this process may use (see /sys/devices/system/cpu/online and taskset -p $$)".into()),
+            });
+            Vec::new()
+        }
+    };
+    // Without a valid CPU set the per-CPU checks would judge nothing: leave them out.
+    if !cpus.is_empty() {
+        findings.push(checks::governor(&host::governors(&cpus)));
+        findings.push(checks::smt(&cpus, &host::siblings(&cpus)));
+        findings.push(checks::isolation(
+            &cpus,
+            &host::cpu_list_file("isolated"),
+            &host::cpu_list_file("nohz_full"),
+        ));
+        findings.push(checks::irq_affinity(&cpus, &host::nic_irqs()));
+        findings.push(checks::numa(&cpus, &host::numa_nodes()));
+    }
+    findings.push(checks::thp(host::thp_mode().as_deref()));
+    findings.push(match host::memlock_soft() {
+        Ok(limit) => checks::memlock(limit, cpus.len().max(1), host::is_root()),
+        Err(e) => Finding {
+            check: "memlock limit",
+            level: Level::Warn,
+            detail: e,
+            advice: Some("check ulimit -l".into()),
+        },
+    });
+    findings.push(checks::io_uring(
+        host::io_uring_disabled(),
+        &host::io_uring_setup_works(),
+    ));
+    findings.push(match host::existing_dir(data_dir) {
+        Some((dir, exact)) => {
+            let shown = if exact {
+                dir.display().to_string()
+            } else {
+                format!(
+                    "{} (nearest existing parent of {})",
+                    dir.display(),
+                    data_dir.display()
+                )
+            };
+            checks::data_dir(
+                &shown,
+                host::fs_type(&dir).as_deref(),
+                &host::o_direct_works(&dir),
+            )
+        }
+        None => Finding {
+            check: "data directory",
+            level: Level::Block,
+            detail: format!("{}: no existing directory on its path", data_dir.display()),
+            advice: Some("create it, or pass --data-dir".into()),
+        },
+    });
+    findings
+}
+
+/// `pinq doctor`: prints the report to stdout and returns the exit status.
+pub fn run(cpus_text: &str, data_dir: &Path) -> u8 {
+    let findings = inspect(cpus_text, data_dir);
+    print!("{}", checks::render(&findings));
+    checks::exit_code(&findings)
+}

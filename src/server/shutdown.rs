@@ -1,0 +1,70 @@
+//! Graceful shutdown: SIGTERM/SIGINT handling and the flag every shard watches.
+//!
+//! The first SIGTERM or SIGINT sets [`ShutdownFlag`]; each shard notices it within
+//! [`SHUTDOWN_POLL`] (a timer in its background queue: a glommio executor cannot be woken from a
+//! plain thread without a channel end, and one relaxed load every 50 ms costs nothing), stops
+//! accepting, lets in-flight publishes finish, closes its subscriptions, flushes its deleter,
+//! closes its store and returns, which ends its executor; `run` then joins them and `pinq serve`
+//! exits 0. A second signal exits at once with status 128 + the signal number (130 for SIGINT,
+//! 143 for SIGTERM), as shells report a process killed by that signal.
+//!
+//! Who calls it: `super::run` installs the handler; `super::shard_main` waits on the flag.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+/// How often an idle shard looks at the flag.
+pub const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
+
+/// The longest a shard waits for in-flight publishes and delete flushes before it closes its
+/// store anyway (a store that hangs must not keep the process up forever).
+pub const DRAIN_MAX: Duration = Duration::from_secs(30);
+
+/// Set once a shutdown was asked for.
+#[derive(Clone, Debug, Default)]
+pub struct ShutdownFlag(Arc<AtomicBool>);
+
+impl ShutdownFlag {
+    pub fn request(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_requested(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// The shared flag, for the metrics endpoint's `/healthz`.
+    pub fn shared(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+
+    /// Resolves once a shutdown was asked for (call on a shard's executor).
+    pub async fn requested(&self) {
+        while !self.is_requested() {
+            glommio::timer::sleep(SHUTDOWN_POLL).await;
+        }
+    }
+}
+
+/// Installs the SIGTERM/SIGINT handler thread for `flag`.
+pub fn install(flag: ShutdownFlag) -> anyhow::Result<()> {
+    let mut signals = Signals::new([SIGTERM, SIGINT])
+        .map_err(|e| anyhow::anyhow!("cannot install the SIGTERM/SIGINT handler: {e}"))?;
+    std::thread::Builder::new()
+        .name("pinq-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                if flag.is_requested() {
+                    eprintln!("pinq: second signal {signal}: exiting at once");
+                    std::process::exit(128 + signal);
+                }
+                tracing::info!(signal, "shutting down: draining publishes, flushing deletes (send the signal again to exit at once)");
+                flag.request();
+            }
+        })?;
+    Ok(())
+}
