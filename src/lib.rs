@@ -14,9 +14,11 @@
 //! - [`server`]: the glommio shards that drive the pipeline and serve connections;
 //! - [`rpc`]: the Cap'n Proto protocol (generated code from `schema/`);
 //! - [`client`]: the Rust client library;
+//! - [`bench`]: `pinq bench`, the load generator and latency reports;
 //! - [`cli`]: the `pinq` command line.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -21,6 +21,7 @@ fn main() -> ExitCode {
         Command::Consume(args) => cli::client_cmds::consume(args),
         Command::Stats(args) => cli::client_cmds::stats(args),
         Command::Topology(args) => cli::client_cmds::topology(args),
+        Command::Bench(args) => bench(&args),
         // Doctor's exit status is its verdict, not an error.
         Command::Doctor(args) => {
             return ExitCode::from(pinq::ops::doctor::run(&args.cpus, &args.data_dir))
@@ -62,4 +63,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     tracing::info!("effective configuration:\n{}", config.to_toml());
     pinq::server::run(config)
+}
+
+/// `pinq bench`: runs the load and writes the reports.
+fn bench(args: &cli::BenchArgs) -> anyhow::Result<()> {
+    let options = args.to_options()?;
+    pinq::bench::run(&options).map(|_| ())
 }

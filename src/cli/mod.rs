@@ -6,10 +6,12 @@
 //! Logs go to stderr, so a subcommand's stdout carries only its output (`pinq consume` prints
 //! payloads there).
 
+pub mod bench_args;
 pub mod client_cmds;
 pub mod doctor_args;
 pub mod serve_args;
 
+pub use bench_args::BenchArgs;
 pub use client_cmds::{ConsumeArgs, PublishArgs, ServerArgs};
 pub use doctor_args::DoctorArgs;
 pub use serve_args::ServeArgs;
@@ -43,6 +45,9 @@ pub enum Command {
     Stats(ServerArgs),
     /// Print the broker's shards and the port of each.
     Topology(ServerArgs),
+    /// Load-test a broker (one it starts, or --server): throughput, latency percentiles, and a
+    /// check that every message arrived.
+    Bench(BenchArgs),
     /// Check this host for running pinq (governor, SMT, isolated cores, IRQ affinity, THP,
     /// memlock, io_uring, O_DIRECT, NUMA) and say what to change.
     ///
