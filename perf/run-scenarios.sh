@@ -3,7 +3,7 @@
 # perf/results/<date>-<host>-scenarios/: machine.txt, and per scenario the JSON summary, the
 # .hgrm files, latency.svg and report.txt; then prints one table.
 #
-#   perf/run-scenarios.sh [SCENARIO...]        (default: A A-lsm B C D E)
+#   perf/run-scenarios.sh [SCENARIO...]        (default: A A-lsm B C D E E-lsm)
 #
 # Environment: PINQ (binary, default target/release/pinq, built if missing with
 # CARGO_TARGET_DIR), DURATION (measured time of A-D, default 10s), BROKER_CPUS (default 0:
@@ -19,6 +19,8 @@
 #   E      1,000,000 messages delayed 1-10 s with consumers attached (100,000 msgs/s for 10 s):
 #          lateness p50/p99 (end to end is measured from the due time), broker CPU and peak RSS
 #          while they wait
+#   E-lsm  E with --storage lsm: the waiting messages live in the LSM (memtable bounded by
+#          storage.memtableBytes), so resident memory should not grow with their number
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PINQ="${PINQ:-${CARGO_TARGET_DIR:-target}/release/pinq}"
@@ -29,7 +31,7 @@ if [ ! -x "$PINQ" ]; then
     cargo build --release
 fi
 scenarios=("$@")
-[ ${#scenarios[@]} -eq 0 ] && scenarios=(A A-lsm B C D E)
+[ ${#scenarios[@]} -eq 0 ] && scenarios=(A A-lsm B C D E E-lsm)
 
 out="perf/results/$(date -u +%Y%m%d-%H%M)-$(hostname)-scenarios"
 mkdir -p "$out"
@@ -47,6 +49,7 @@ args_of() {
         C) echo "--consumers 2 --size 100 --duration $DURATION --rate 10000" ;;
         D) echo "--consumers 2 --universal 3 --size 100 --duration $DURATION" ;;
         E) echo "--consumers 2 --size 100 --warmup 0s --duration 10s --rate 100000 --delay-mix 1s:1,2s:1,3s:1,4s:1,5s:1,6s:1,7s:1,8s:1,9s:1,10s:1" ;;
+        E-lsm) echo "$(args_of E) --storage lsm" ;;
         *) echo "unknown scenario $1" >&2; exit 2 ;;
     esac
 }
