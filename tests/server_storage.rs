@@ -222,3 +222,34 @@ fn a_shard_directory_that_is_a_file_stops_start_up_with_an_error_naming_it() {
     );
     assert!(!stderr.contains("panicked"), "no panic; stderr:\n{stderr}");
 }
+
+/// `path` written relative to the working directory (`../..` up to `/`, then the rest).
+fn relative_to_cwd(path: &Path) -> std::path::PathBuf {
+    let cwd = std::env::current_dir().expect("cwd");
+    let mut rel = std::path::PathBuf::new();
+    for _ in cwd.components().skip(1) {
+        rel.push("..");
+    }
+    rel.join(path.strip_prefix("/").expect("absolute temp path"))
+}
+
+#[test]
+fn a_relative_data_dir_works_as_the_default_dot_slash_data_does() {
+    // `pinq serve` defaults to `./data`; glommio cannot open a relative directory for its fsync,
+    // which once made every durable publish fail with "Bad file descriptor".
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data_dir = relative_to_cwd(&tmp.path().join("data"));
+    assert!(data_dir.is_relative());
+    let server = Server::start_in(&data_dir, &["--cpus", "0"], &[]);
+    let sent = with_client(server.server_arg(), |client| async move {
+        publish(&client, "relative", 3, 10, 100).await
+    });
+    let want = sent.len();
+    let mut got = with_client(server.server_arg(), move |client| async move {
+        receive_all(&client, "relative", want).await
+    });
+    got.dedup();
+    let mut sent = sent;
+    sent.sort();
+    assert_eq!(got, sent, "durable publishes on a relative data dir");
+}

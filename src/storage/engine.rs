@@ -344,7 +344,9 @@ impl LsmStore {
         options: LsmOptions,
         env: LsmEnv,
     ) -> Result<LsmStore, StoreError> {
-        let dir = dir.as_ref().to_path_buf();
+        // glommio opens directories (for their fsync) with a path it cannot resolve relative to
+        // the working directory ("Bad file descriptor"), so the engine keeps an absolute one.
+        let dir = std::path::absolute(dir.as_ref()).map_err(|e| io_error(dir.as_ref(), e))?;
         options.validate().map_err(|what| {
             io_error(
                 &dir,
