@@ -35,7 +35,7 @@ use crate::pipeline::{drive, ShardCore};
 use crate::rpc::ShardInfo;
 
 /// Messages a cross-shard channel holds before its sender waits.
-const MESH_CHANNEL_LEN: usize = 1024;
+pub const MESH_CHANNEL_LEN: usize = 1024;
 
 /// What every connection may need to know about the whole broker.
 #[derive(Clone)]
