@@ -11,7 +11,7 @@
 # of 2 competing consumers with explicit per-message acks, publish batches of 256 in flight with
 # a window, max rate bounded by a backlog of 20,000 copies (A, B) or a fixed 10,000 msgs/s (C).
 # Durability differs and is stated in the table's header: pinq runs its in-memory store (the
-# issue's scenario A; the LSM store is not wired into the server yet), NATS JetStream a file
+# issue's scenario A; perf/run-scenarios.sh has the LSM variants), NATS JetStream a file
 # store (written through the OS page cache, fsynced by the server's own interval), Redis an
 # append-only file fsynced every second.
 set -euo pipefail
