@@ -14,7 +14,13 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // The client commands print their results on stdout for scripts; their stderr carries only
+    // warnings and errors unless RUST_LOG asks for more.
+    let quiet = matches!(
+        cli.command,
+        Command::Publish(_) | Command::Consume(_) | Command::Stats(_) | Command::Topology(_)
+    );
+    init_logging(if quiet { "warn" } else { "info" });
     let outcome = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Publish(args) => cli::client_cmds::publish(args),
@@ -36,9 +42,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`); colours only on a terminal.
-fn init_logging() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logs to stderr, filtered by `RUST_LOG` (else `default`); colours only on a terminal.
+fn init_logging(default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
