@@ -59,19 +59,6 @@ enum Fate {
 
 type Ledger = Rc<RefCell<BTreeMap<String, Fate>>>;
 
-fn run_client<T, F, Fut>(f: F) -> T
-where
-    T: Send + 'static,
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T> + 'static,
-{
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .spawn(f)
-        .expect("executor starts")
-        .join()
-        .expect("executor joins")
-}
-
 /// Publishes durable batches (up to `PUBLISH_WINDOW` in flight) until `batches` are done or the
 /// broker goes away; records each message's fate.
 async fn publish_batches(
@@ -251,7 +238,7 @@ fn session(
     iteration: u32,
     kill_after: Option<Duration>,
 ) -> BTreeMap<String, Fate> {
-    run_client(move || async move {
+    support::on_executor(move || async move {
         let ledger: Ledger = Rc::new(RefCell::new(ledger));
         let rng = RefCell::new(fastrand::Rng::with_seed(seed ^ u64::from(iteration)));
         let client = Client::connect(addr.as_str()).await.expect("connect");

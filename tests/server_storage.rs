@@ -18,14 +18,10 @@ where
     F: FnOnce(Client) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = T> + 'static,
 {
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .spawn(move || async move {
-            let client = Client::connect(addr.as_str()).await.expect("connect");
-            f(client).await
-        })
-        .expect("executor starts")
-        .join()
-        .expect("executor joins")
+    support::on_executor(move || async move {
+        let client = Client::connect(addr.as_str()).await.expect("connect");
+        f(client).await
+    })
 }
 
 /// Publishes `batches` durable batches of `per_batch` messages to `topic`; returns the payloads.

@@ -9,31 +9,15 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use glommio::{LocalExecutorBuilder, Placement};
 use pinq::client::{AckLevel, Client, ClientError, Delivery, PublishMessage, TagResult};
 use pinq::key::TopicHash;
-use support::{cli, Server};
+use support::{cli, on_executor, Server};
 
 /// Longest wait for something that must happen.
 const MUST_HAPPEN: Duration = Duration::from_secs(15);
-
-/// Runs an async test body on its own glommio executor.
-fn on_executor<F, Fut, T>(body: F) -> T
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = T> + 'static,
-    T: Send + 'static,
-{
-    LocalExecutorBuilder::new(Placement::Unbound)
-        .spawn(body)
-        .expect("executor")
-        .join()
-        .expect("executor thread")
-}
 
 /// The next delivery of `sub`, or `None` after `wait`.
 async fn recv_within(sub: &pinq::client::Subscription, wait: Duration) -> Option<Delivery> {

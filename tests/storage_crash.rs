@@ -8,6 +8,10 @@
 //! The child is the ignored test `crash_child_writes_durable_batches_until_killed`, run by the
 //! parent from this same test binary. Replay a seed with `PINQ_CRASH_SEED=<seed>`.
 
+mod support;
+
+use support::on_executor as run;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -43,19 +47,6 @@ fn options() -> LsmOptions {
         compaction_interval_ms: 5,
         ..LsmOptions::default()
     }
-}
-
-fn run<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
-{
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(2 << 20)
-        .spawn(f)
-        .expect("executor starts")
-        .join()
-        .expect("executor joins");
 }
 
 /// Event ids of batch `b` of task `t`: 1 to 8 of them.

@@ -1,25 +1,16 @@
 //! `LsmStore` behaviours on real DMA files: annihilation, tombstones over tables, overwrites of
 //! metadata keys, flush, compaction, TTL, recovery from the WAL, torn tails and stats.
 
+mod support;
+
+use support::on_executor as run;
+
 use std::rc::Rc;
 
 use pinq::key::{meta, EventKey, TopicHash};
 use pinq::message::{StoredMessage, Value};
 use pinq::storage::{LsmEnv, LsmOptions, LsmStore, ManualClock};
 use pinq::store::{Store, StoreError, Sync, WriteBatch};
-
-fn run<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
-{
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(2 << 20)
-        .spawn(f)
-        .expect("executor starts")
-        .join()
-        .expect("executor joins");
-}
 
 fn small_options() -> LsmOptions {
     LsmOptions {

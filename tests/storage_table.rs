@@ -1,6 +1,10 @@
 //! Sorted tables on real DMA files: written by `TableWriter`, read back by `Table` and
 //! `TableCursor`, and refused with an error naming the file when a byte is damaged.
 
+mod support;
+
+use support::on_executor as run;
+
 use std::rc::Rc;
 
 use pinq::key::{EventKey, TopicHash};
@@ -10,19 +14,6 @@ use pinq::storage::memtable::Entry;
 use pinq::storage::table::block::EntryRef;
 use pinq::storage::table::{table_name, Table, TableCursor, TableWriter};
 use pinq::store::StoreError;
-
-fn run<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
-{
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(2 << 20)
-        .spawn(f)
-        .expect("executor starts")
-        .join()
-        .expect("executor joins");
-}
 
 fn event_key(i: u64) -> [u8; 24] {
     *EventKey::new(TopicHash(7), i / 10, i).as_bytes()

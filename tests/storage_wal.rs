@@ -1,6 +1,10 @@
 //! The WAL on real DMA files: group commit shares fdatasyncs, records read back whole, and the
 //! glommio polled-I/O probe trap stays fixed (a fresh directory can write then read through DMA).
 
+mod support;
+
+use support::on_executor as run;
+
 use std::rc::Rc;
 
 use pinq::key::Key;
@@ -8,19 +12,6 @@ use pinq::message::Value;
 use pinq::storage::io as dio;
 use pinq::storage::wal::{decode_batch, segment_name, SegmentReader, Wal};
 use pinq::store::WriteBatch;
-
-fn run<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
-{
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .io_memory(2 << 20)
-        .spawn(f)
-        .expect("executor starts")
-        .join()
-        .expect("executor joins");
-}
 
 fn batch(id: u64, n: usize) -> WriteBatch {
     let mut batch = WriteBatch::new();

@@ -34,6 +34,9 @@ const BATCH_KEYS_MAX: u64 = 1_000_000;
 
 /// Significant figures kept by the histograms: 1 % resolution keeps each one a few KiB.
 const SIGNIFICANT_FIGURES: u8 = 2;
+// HdrHistogram's bounds rules (high >= 2 * low with low = 1, at most 5 significant figures),
+// checked when this file compiles.
+const _: () = assert!(LATENCY_US_MAX >= 2 && BATCH_KEYS_MAX >= 2 && SIGNIFICANT_FIGURES <= 5);
 
 /// Upper bounds (seconds) of the exported latency buckets.
 pub const LATENCY_BUCKETS_S: &[f64] = &[
@@ -56,7 +59,8 @@ pub struct Recorded {
 
 impl Recorded {
     fn new(high: u64, units_per_export: f64) -> Recorded {
-        // The bounds are constants: a failure is a bug in this file, not an input error.
+        // Only the constants above reach here, and the assertions under them prove they are
+        // bounds HdrHistogram accepts: this cannot fail on any input.
         let hist = Histogram::new_with_bounds(1, high, SIGNIFICANT_FIGURES)
             .expect("constant histogram bounds are valid");
         Recorded {

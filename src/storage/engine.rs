@@ -865,6 +865,30 @@ impl Inner {
 
     /// Writes the oldest frozen memtable to a table, commits the manifest, installs the table,
     /// and deletes the WAL segments it covered.
+    /// Adds one entry to the table being written, creating its file on the first entry (a
+    /// flush or compaction whose every entry is dropped writes no table at all).
+    async fn add_to_table(
+        &self,
+        writer: &mut Option<TableWriter>,
+        path: &Path,
+        key: &[u8],
+        stored: EntryRef<'_>,
+        expiry: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let w = match writer {
+            Some(w) => w,
+            None => writer.insert(
+                TableWriter::create(
+                    path,
+                    self.options.block_bytes,
+                    self.options.bloom_bits_per_key,
+                )
+                .await?,
+            ),
+        };
+        w.add(key, stored, expiry).await
+    }
+
     async fn flush_memtable(&self, mt: Rc<RefCell<Memtable>>) -> Result<(), StoreError> {
         let now_ms = self.clock.now_ms();
         let id = self.alloc_table_id();
@@ -990,19 +1014,7 @@ impl Inner {
                     }
                     continue;
                 };
-                if writer.is_none() {
-                    *writer = Some(
-                        TableWriter::create(
-                            path,
-                            self.options.block_bytes,
-                            self.options.bloom_bits_per_key,
-                        )
-                        .await?,
-                    );
-                }
-                if let Some(w) = writer.as_mut() {
-                    w.add(key, stored, expiry).await?;
-                }
+                self.add_to_table(writer, path, key, stored, expiry).await?;
             }
             if self.state.borrow().shutdown {
                 return Err(StoreError::Closed);
@@ -1216,19 +1228,8 @@ impl Inner {
                 }
                 continue;
             };
-            if writer.is_none() {
-                *writer = Some(
-                    TableWriter::create(
-                        path,
-                        self.options.block_bytes,
-                        self.options.bloom_bits_per_key,
-                    )
-                    .await?,
-                );
-            }
-            if let Some(w) = writer.as_mut() {
-                w.add(&key, stored, expiry).await?;
-            }
+            self.add_to_table(writer, path, &key, stored, expiry)
+                .await?;
             n += 1;
             if n % 256 == 0 {
                 if self.state.borrow().shutdown {

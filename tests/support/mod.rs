@@ -259,6 +259,23 @@ pub fn sample(page: &str, name: &str, labels: &str) -> Option<f64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
+/// Runs an async test body on a glommio executor of its own (2 MiB of I/O memory, enough for
+/// the storage engine's DMA buffers and within this machine's memlock limit) and returns its
+/// result.
+pub fn on_executor<T, F, Fut>(body: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+{
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .io_memory(2 << 20)
+        .spawn(body)
+        .expect("executor starts")
+        .join()
+        .expect("executor joins")
+}
+
 /// Runs the `pinq` CLI with `args` and optional stdin; returns (exit code, stdout, stderr).
 pub fn cli(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
     use std::io::Write;
