@@ -64,6 +64,22 @@ impl fmt::Debug for Subscription {
     }
 }
 
+/// The reply of `ack`, `nack` or `touch` (each its own capnp results type, all with a
+/// `results :List(TagResult)` field) as a [`Pending`] of one result per tag, checked for count.
+macro_rules! tag_results {
+    ($promise:expr, $count:expr) => {{
+        let promise = $promise;
+        Pending::new(async move {
+            let reply = promise.await.map_err(ClientError::from_rpc)?;
+            let results = reply
+                .get()
+                .and_then(|r| r.get_results())
+                .map_err(ClientError::bad_reply)?;
+            checked_results(results, $count)
+        })
+    }};
+}
+
 impl Subscription {
     pub(super) async fn open(
         client: Client,
@@ -163,15 +179,7 @@ impl Subscription {
             return too_many_tags(tags);
         };
         rpc::write_tags(request.get().init_tags(count), tags);
-        let reply = request.send().promise;
-        Pending::new(async move {
-            let reply = reply.await.map_err(ClientError::from_rpc)?;
-            let results = reply
-                .get()
-                .and_then(|r| r.get_results())
-                .map_err(ClientError::bad_reply)?;
-            checked_results(results, count)
-        })
+        tag_results!(request.send().promise, count)
     }
 
     /// Hands delivered messages back for redelivery after `delay_ms` (0: at once).
@@ -182,15 +190,7 @@ impl Subscription {
         };
         request.get().set_delay_ms(delay_ms);
         rpc::write_tags(request.get().init_tags(count), tags);
-        let reply = request.send().promise;
-        Pending::new(async move {
-            let reply = reply.await.map_err(ClientError::from_rpc)?;
-            let results = reply
-                .get()
-                .and_then(|r| r.get_results())
-                .map_err(ClientError::bad_reply)?;
-            checked_results(results, count)
-        })
+        tag_results!(request.send().promise, count)
     }
 
     /// Extends the lease of delivered messages: their in-flight timeout starts again.
@@ -200,15 +200,7 @@ impl Subscription {
             return too_many_tags(tags);
         };
         rpc::write_tags(request.get().init_tags(count), tags);
-        let reply = request.send().promise;
-        Pending::new(async move {
-            let reply = reply.await.map_err(ClientError::from_rpc)?;
-            let results = reply
-                .get()
-                .and_then(|r| r.get_results())
-                .map_err(ClientError::bad_reply)?;
-            checked_results(results, count)
-        })
+        tag_results!(request.send().promise, count)
     }
 
     /// Ends the subscription and waits for the broker to confirm. Deliveries still queued
