@@ -17,16 +17,17 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use pinq::key::{EventKey, Key, TopicHash};
+use pinq::key::{EventKey, TopicHash};
+use pinq::log::Command;
 use pinq::message::{StoredMessage, Value};
 use pinq::storage::{LsmOptions, LsmStats, LsmStore};
-use pinq::store::{Store, Sync, WriteBatch};
+use pinq::store::{Store, Sync};
 
 const MESSAGES_PER_BATCH: u64 = 128;
 const PAYLOAD_BYTES: usize = 100;
 
-fn key(id: u64) -> Key {
-    EventKey::new(TopicHash(7), id / 1000, id).to_key()
+fn key(id: u64) -> EventKey {
+    EventKey::new(TopicHash(7), id / 1000, id)
 }
 
 fn message() -> Value {
@@ -41,20 +42,19 @@ fn message() -> Value {
     .expect("encode")
 }
 
-fn puts(first: u64, n: u64, value: &Value) -> WriteBatch {
-    let mut batch = WriteBatch::new();
-    for id in first..first + n {
-        batch.put(key(id), value.clone());
+fn puts(first: u64, n: u64, value: &Value) -> Command {
+    Command::Store {
+        messages: (first..first + n)
+            .map(|id| (key(id), value.clone()))
+            .collect(),
+        event_id_high_water: first + n - 1,
     }
-    batch
 }
 
-fn deletes(first: u64, n: u64) -> WriteBatch {
-    let mut batch = WriteBatch::new();
-    for id in first..first + n {
-        batch.delete(key(id));
+fn deletes(first: u64, n: u64) -> Command {
+    Command::Delete {
+        keys: (first..first + n).map(key).collect(),
     }
-    batch
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
@@ -97,7 +97,7 @@ async fn durable_appends(root: &Path, writers: u64, batches: u64) {
                     let first = (w * per_writer + b) * MESSAGES_PER_BATCH;
                     let batch = puts(first, MESSAGES_PER_BATCH, &value);
                     let t = Instant::now();
-                    store.write(batch, Sync::Durable).await.expect("write");
+                    store.commit(&batch, Sync::Durable).await.expect("write");
                     let _ = hist.record(t.elapsed().as_micros() as u64);
                 }
                 hist
@@ -138,8 +138,8 @@ async fn publish_ack_in_memtable(root: &Path) {
     let batches = 200u64;
     for b in 0..batches {
         store
-            .write(
-                puts(b * MESSAGES_PER_BATCH, MESSAGES_PER_BATCH, &value),
+            .commit(
+                &puts(b * MESSAGES_PER_BATCH, MESSAGES_PER_BATCH, &value),
                 Sync::Durable,
             )
             .await
@@ -147,8 +147,8 @@ async fn publish_ack_in_memtable(root: &Path) {
     }
     for b in 0..batches {
         store
-            .write(
-                deletes(b * MESSAGES_PER_BATCH, MESSAGES_PER_BATCH),
+            .commit(
+                &deletes(b * MESSAGES_PER_BATCH, MESSAGES_PER_BATCH),
                 Sync::Buffered,
             )
             .await
@@ -186,11 +186,11 @@ async fn recovery(root: &Path, wal_bytes: u64) {
         while store.stats().wal_record_bytes < wal_bytes {
             let first = b * MESSAGES_PER_BATCH;
             store
-                .write(puts(first, MESSAGES_PER_BATCH, &value), Sync::Buffered)
+                .commit(&puts(first, MESSAGES_PER_BATCH, &value), Sync::Buffered)
                 .await
                 .expect("publish");
             store
-                .write(deletes(first, MESSAGES_PER_BATCH), Sync::Buffered)
+                .commit(&deletes(first, MESSAGES_PER_BATCH), Sync::Buffered)
                 .await
                 .expect("ack");
             b += 1;
@@ -237,20 +237,17 @@ async fn publish_ack_cycle_space(root: &Path, messages: u64) {
     // ACKs trail publishes by this many batches (about 2 memtables), as a consumer backlog.
     let lag = 2 * (4 << 20) / (MESSAGES_PER_BATCH * (value.len() as u64 + 24 + 64));
     let mut user_bytes = 0u64;
-    let ack = |b: u64| {
-        let mut batch = WriteBatch::new();
-        for id in b * MESSAGES_PER_BATCH..(b + 1) * MESSAGES_PER_BATCH {
-            if id % 10 != 0 {
-                batch.delete(key(id));
-            }
-        }
-        batch
+    let ack = |b: u64| Command::Delete {
+        keys: (b * MESSAGES_PER_BATCH..(b + 1) * MESSAGES_PER_BATCH)
+            .filter(|id| id % 10 != 0)
+            .map(key)
+            .collect(),
     };
     for b in 0..batches + lag {
         if b < batches {
             store
-                .write(
-                    puts(b * MESSAGES_PER_BATCH, MESSAGES_PER_BATCH, &value),
+                .commit(
+                    &puts(b * MESSAGES_PER_BATCH, MESSAGES_PER_BATCH, &value),
                     Sync::Durable,
                 )
                 .await
@@ -260,7 +257,7 @@ async fn publish_ack_cycle_space(root: &Path, messages: u64) {
         if b >= lag {
             let batch = ack(b - lag);
             user_bytes += batch.len() as u64 * 24;
-            store.write(batch, Sync::Buffered).await.expect("ack");
+            store.commit(&batch, Sync::Buffered).await.expect("ack");
         }
     }
     store.flush().await.expect("flush");

@@ -2,7 +2,7 @@
 //! order, values that are rkyv-archived messages with 100-byte payloads, the engine's default
 //! options (`LsmOptions::default()`: 16 KiB blocks, 10 bloom bits a key, 64 MiB WAL segments).
 //!
-//! - `wal/encode_record`: frames a batch of 128 puts as one WAL record with its CRC32C, into a
+//! - `wal/encode_record`: frames a store command of 128 messages as one WAL record with its CRC32C, into a
 //!   reused buffer; `wal/decode_frame`: checks such a record's length and CRC, as recovery does;
 //!   both per put.
 //! - `wal/append_durable`: `Wal::append` of one 128-put batch and `Wal::wait_durable` for it
@@ -31,12 +31,13 @@ use glommio::{LocalExecutor, LocalExecutorBuilder, Placement};
 use std::hint::black_box;
 
 use pinq::key::{EventKey, TopicHash};
+use pinq::log::wal::{self, Frame, Wal};
+use pinq::log::Command;
 use pinq::message::{Header, StoredMessage, Value};
 use pinq::storage::io::probe_disk;
 use pinq::storage::memtable::Memtable;
 use pinq::storage::table::block::EntryRef;
 use pinq::storage::table::{Table, TableBuilder, TableCursor, TableWriter};
-use pinq::storage::wal::{self, Frame, Wal};
 use pinq::storage::LsmOptions;
 use pinq::store::WriteBatch;
 
@@ -117,7 +118,13 @@ impl Io {
 fn wal_benches(c: &mut Criterion, io: &Io) {
     let options = LsmOptions::default();
     let mut group = c.benchmark_group("wal");
-    let batch = batches(BATCH_LEN as u64).remove(0);
+    let shared = value(0);
+    let batch = Command::Store {
+        messages: (0..BATCH_LEN as u64)
+            .map(|i| (key(i), shared.clone()))
+            .collect(),
+        event_id_high_water: BATCH_LEN as u64,
+    };
     assert_eq!(batch.len(), BATCH_LEN);
 
     group.throughput(Throughput::Elements(BATCH_LEN as u64));

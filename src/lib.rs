@@ -5,8 +5,9 @@
 //! - [`key`]: the 24-byte event key and the key space;
 //! - [`message`]: the stored message (rkyv) and the shared [`message::Value`];
 //! - [`config`]: every setting, its default, loading and validation;
+//! - [`log`]: the command log: every durable change as a `Command`, the `Log` seam, the WAL;
 //! - [`store`]: the storage interface and the in-memory engine;
-//! - [`storage`]: the io_uring LSM log (WAL, memtable, sorted tables, compaction);
+//! - [`storage`]: the io_uring LSM store (memtable, sorted tables, compaction) behind the log;
 //! - [`pipeline`]: the delivery pipeline as pure state machines (dispatcher, hub, in-flight
 //!   table, deleter, janitor) driven by explicit time;
 //! - [`metrics`]: per-shard snapshots and the Prometheus endpoint;
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod key;
+pub mod log;
 pub mod message;
 pub mod metrics;
 pub mod ops;

@@ -1,5 +1,5 @@
-//! `LsmStore` behaviours on real DMA files: annihilation, tombstones over tables, overwrites of
-//! metadata keys, flush, compaction, TTL, recovery from the WAL, torn tails and stats.
+//! `LsmStore` behaviours on real DMA files: annihilation, tombstones over tables, the event-id
+//! high-water mark, flush, compaction, TTL, recovery from the command log, torn tails and stats.
 
 mod support;
 
@@ -7,10 +7,11 @@ use support::on_executor as run;
 
 use std::rc::Rc;
 
-use pinq::key::{meta, EventKey, TopicHash};
+use pinq::key::{EventKey, TopicHash};
+use pinq::log::Command;
 use pinq::message::{StoredMessage, Value};
 use pinq::storage::{LsmEnv, LsmOptions, LsmStore, ManualClock};
-use pinq::store::{Store, StoreError, Sync, WriteBatch};
+use pinq::store::{Store, StoreError, Sync};
 
 fn small_options() -> LsmOptions {
     LsmOptions {
@@ -22,8 +23,8 @@ fn small_options() -> LsmOptions {
     }
 }
 
-fn key(id: u64) -> pinq::key::Key {
-    EventKey::new(TopicHash(42), id / 100, id).to_key()
+fn key(id: u64) -> EventKey {
+    EventKey::new(TopicHash(42), id / 100, id)
 }
 
 fn message(id: u64, ttl_ms: u64) -> Value {
@@ -38,20 +39,17 @@ fn message(id: u64, ttl_ms: u64) -> Value {
     .expect("encode")
 }
 
-fn puts(ids: std::ops::Range<u64>, ttl_ms: u64) -> WriteBatch {
-    let mut batch = WriteBatch::new();
-    for id in ids {
-        batch.put(key(id), message(id, ttl_ms));
+fn puts(ids: std::ops::Range<u64>, ttl_ms: u64) -> Command {
+    Command::Store {
+        event_id_high_water: ids.end.saturating_sub(1),
+        messages: ids.map(|id| (key(id), message(id, ttl_ms))).collect(),
     }
-    batch
 }
 
-fn deletes(ids: std::ops::Range<u64>) -> WriteBatch {
-    let mut batch = WriteBatch::new();
-    for id in ids {
-        batch.delete(key(id));
+fn deletes(ids: std::ops::Range<u64>) -> Command {
+    Command::Delete {
+        keys: ids.map(key).collect(),
     }
-    batch
 }
 
 async fn all_ids(store: &LsmStore) -> Vec<u64> {
@@ -73,10 +71,13 @@ fn publish_and_ack_within_one_memtable_write_no_table_bytes() {
         for round in 0..20u64 {
             let ids = round * 10..round * 10 + 10;
             store
-                .write(puts(ids.clone(), 0), Sync::Durable)
+                .commit(&puts(ids.clone(), 0), Sync::Durable)
                 .await
                 .expect("publish");
-            store.write(deletes(ids), Sync::Durable).await.expect("ack");
+            store
+                .commit(&deletes(ids), Sync::Durable)
+                .await
+                .expect("ack");
         }
         store.flush().await.expect("flush");
         let stats = store.stats();
@@ -96,21 +97,21 @@ fn delete_of_a_flushed_key_leaves_a_tombstone_that_hides_it() {
     run(move || async move {
         let store = LsmStore::open(&path, small_options()).await.expect("open");
         store
-            .write(puts(0..50, 0), Sync::Durable)
+            .commit(&puts(0..50, 0), Sync::Durable)
             .await
             .expect("put");
         store.flush().await.expect("flush");
         assert_eq!(store.stats().tables, 1);
         store
-            .write(deletes(10..20), Sync::Durable)
+            .commit(&deletes(10..20), Sync::Durable)
             .await
             .expect("delete");
         assert_eq!(store.stats().tombstones, 10);
         let expected: Vec<u64> = (0..10).chain(20..50).collect();
         assert_eq!(all_ids(&store).await, expected);
-        assert_eq!(store.get(&key(15)).await.expect("get"), None);
+        assert_eq!(store.get(key(15).as_bytes()).await.expect("get"), None);
         assert_eq!(
-            store.get(&key(25)).await.expect("get"),
+            store.get(key(25).as_bytes()).await.expect("get"),
             Some(message(25, 0))
         );
         store.flush().await.expect("flush");
@@ -125,36 +126,40 @@ fn delete_of_a_flushed_key_leaves_a_tombstone_that_hides_it() {
 }
 
 #[test]
-fn overwritten_metadata_key_deleted_after_a_flush_stays_deleted() {
-    // A put over a flushed value, then a delete: annihilating the newer put alone would
-    // resurrect the flushed value.
+fn the_event_id_high_water_mark_survives_from_the_manifest_and_from_the_log() {
+    // Flushed: the manifest carries the mark (it is no key in the tables). Unflushed: the log
+    // replay raises it again. Every key stays an event key.
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().to_path_buf();
     run(move || async move {
         let store = LsmStore::open(&path, small_options()).await.expect("open");
-        let hw = meta::key(meta::EVENT_ID_HIGH_WATER);
-        let value = |n: u64| Value::copy_from_slice(&n.to_be_bytes());
-        let mut batch = WriteBatch::new();
-        batch.put(hw.clone(), value(1));
-        store.write(batch, Sync::Durable).await.expect("put");
+        assert_eq!(store.event_id_high_water(), 0);
+        store
+            .commit(&puts(0..10, 0), Sync::Durable)
+            .await
+            .expect("put");
         store.flush().await.expect("flush");
-        for n in 2..5 {
-            let mut batch = WriteBatch::new();
-            batch.put(hw.clone(), value(n));
-            store.write(batch, Sync::Buffered).await.expect("put");
-        }
-        assert_eq!(store.get(&hw).await.expect("get"), Some(value(4)));
-        let mut batch = WriteBatch::new();
-        batch.delete(hw.clone());
-        store.write(batch, Sync::Durable).await.expect("delete");
-        assert_eq!(store.get(&hw).await.expect("get"), None);
-        store.flush().await.expect("flush");
-        assert_eq!(store.get(&hw).await.expect("get"), None);
+        store
+            .commit(&deletes(0..10), Sync::Durable)
+            .await
+            .expect("ack");
         store.close().await.expect("close");
         let store = LsmStore::open(&path, small_options())
             .await
             .expect("reopen");
-        assert_eq!(store.get(&hw).await.expect("get"), None);
+        assert_eq!(store.event_id_high_water(), 9, "from the manifest");
+        assert!(all_ids(&store).await.is_empty());
+        let everything = store.scan(&[], None, usize::MAX).await.expect("scan");
+        assert!(everything.is_empty(), "no metadata key in the tables");
+        store
+            .commit(&puts(10..20, 0), Sync::Durable)
+            .await
+            .expect("put");
+        store.close_unflushed().await.expect("close");
+        let store = LsmStore::open(&path, small_options())
+            .await
+            .expect("reopen");
+        assert_eq!(store.event_id_high_water(), 19, "from the log replay");
         store.close().await.expect("close");
     });
 }
@@ -167,20 +172,20 @@ fn unflushed_writes_are_recovered_from_the_wal_after_a_drop_without_close() {
         {
             let store = LsmStore::open(&path, small_options()).await.expect("open");
             store
-                .write(puts(0..30, 0), Sync::Durable)
+                .commit(&puts(0..30, 0), Sync::Durable)
                 .await
                 .expect("put");
             store.flush().await.expect("flush");
             store
-                .write(puts(30..60, 0), Sync::Durable)
+                .commit(&puts(30..60, 0), Sync::Durable)
                 .await
                 .expect("put");
             store
-                .write(deletes(0..5), Sync::Durable)
+                .commit(&deletes(0..5), Sync::Durable)
                 .await
                 .expect("delete");
             store
-                .write(deletes(40..45), Sync::Durable)
+                .commit(&deletes(40..45), Sync::Durable)
                 .await
                 .expect("delete");
             // Dropped without close: the memtable is only in the WAL.
@@ -215,7 +220,7 @@ fn a_torn_wal_tail_is_truncated_and_earlier_batches_survive() {
             let store = LsmStore::open(&path, small_options()).await.expect("open");
             for i in 0..10 {
                 store
-                    .write(puts(i * 10..i * 10 + 10, 0), Sync::Durable)
+                    .commit(&puts(i * 10..i * 10 + 10, 0), Sync::Durable)
                     .await
                     .expect("put");
             }
@@ -228,7 +233,7 @@ fn a_torn_wal_tail_is_truncated_and_earlier_batches_survive() {
         let mut bytes = std::fs::read(&segment).expect("read");
         // Damage the last record itself (the segment is zero-filled past it).
         let last = {
-            let mut reader = pinq::storage::wal::SegmentReader::new(&bytes);
+            let mut reader = pinq::log::wal::SegmentReader::new(&bytes);
             std::iter::from_fn(|| reader.next_record().map(|(at, _)| at))
                 .last()
                 .expect("records")
@@ -248,7 +253,7 @@ fn a_torn_wal_tail_is_truncated_and_earlier_batches_survive() {
         assert_eq!(ids, (0..ids.len() as u64).collect::<Vec<_>>());
         // The store keeps working after the truncation, and a second reopen agrees.
         store
-            .write(puts(500..510, 0), Sync::Durable)
+            .commit(&puts(500..510, 0), Sync::Durable)
             .await
             .expect("put");
         drop(store);
@@ -269,7 +274,7 @@ fn a_corrupt_table_is_refused_at_open_with_its_name() {
     run(move || async move {
         let store = LsmStore::open(&path, small_options()).await.expect("open");
         store
-            .write(puts(0..100, 0), Sync::Durable)
+            .commit(&puts(0..100, 0), Sync::Durable)
             .await
             .expect("put");
         store.close().await.expect("close");
@@ -306,11 +311,11 @@ fn expired_messages_are_dropped_by_compaction_and_space_is_reclaimed() {
             .await
             .expect("open");
         store
-            .write(puts(0..200, 500), Sync::Durable)
+            .commit(&puts(0..200, 500), Sync::Durable)
             .await
             .expect("put");
         store
-            .write(puts(200..300, 0), Sync::Durable)
+            .commit(&puts(200..300, 0), Sync::Durable)
             .await
             .expect("put");
         store.flush().await.expect("flush");
@@ -334,7 +339,7 @@ fn full_publish_ack_cycle_then_compaction_leaves_little_on_disk() {
         // Messages that wait long enough to reach tables, then are ACKed.
         for chunk in 0..20u64 {
             store
-                .write(puts(chunk * 100..chunk * 100 + 100, 0), Sync::Buffered)
+                .commit(&puts(chunk * 100..chunk * 100 + 100, 0), Sync::Buffered)
                 .await
                 .expect("put");
         }
@@ -342,7 +347,7 @@ fn full_publish_ack_cycle_then_compaction_leaves_little_on_disk() {
         let live_ids: Vec<u64> = (1900..2000).collect();
         for chunk in 0..19u64 {
             store
-                .write(deletes(chunk * 100..chunk * 100 + 100), Sync::Buffered)
+                .commit(&deletes(chunk * 100..chunk * 100 + 100), Sync::Buffered)
                 .await
                 .expect("ack");
         }
@@ -367,21 +372,21 @@ fn scans_page_consistently_across_memtables_and_tables() {
     run(move || async move {
         let store = LsmStore::open(&path, small_options()).await.expect("open");
         store
-            .write(puts(0..300, 0), Sync::Buffered)
+            .commit(&puts(0..300, 0), Sync::Buffered)
             .await
             .expect("put");
         store.flush().await.expect("flush");
         store
-            .write(puts(300..600, 0), Sync::Buffered)
+            .commit(&puts(300..600, 0), Sync::Buffered)
             .await
             .expect("put");
         store.flush().await.expect("flush");
         store
-            .write(deletes(100..400), Sync::Buffered)
+            .commit(&deletes(100..400), Sync::Buffered)
             .await
             .expect("del");
         store
-            .write(puts(600..700, 0), Sync::Buffered)
+            .commit(&puts(600..700, 0), Sync::Buffered)
             .await
             .expect("put");
         let mut seen = Vec::new();
@@ -398,11 +403,14 @@ fn scans_page_consistently_across_memtables_and_tables() {
         }
         let expected: Vec<u64> = (0..100).chain(400..700).collect();
         assert_eq!(seen, expected);
-        let first = store.first_key(&key(100), None).await.expect("first");
-        assert_eq!(first, Some(key(400)));
+        let first = store
+            .first_key(key(100).as_bytes(), None)
+            .await
+            .expect("first");
+        assert_eq!(first, Some(key(400).to_key()));
         store.close().await.expect("close");
         assert!(matches!(
-            store.write(puts(0..1, 0), Sync::Durable).await,
+            store.commit(&puts(0..1, 0), Sync::Durable).await,
             Err(StoreError::Closed)
         ));
     });
@@ -416,7 +424,7 @@ fn memtable_bound_freezes_and_flushes_in_the_background() {
         let store = LsmStore::open(&path, small_options()).await.expect("open");
         for chunk in 0..50u64 {
             store
-                .write(puts(chunk * 20..chunk * 20 + 20, 0), Sync::Buffered)
+                .commit(&puts(chunk * 20..chunk * 20 + 20, 0), Sync::Buffered)
                 .await
                 .expect("put");
         }
@@ -467,7 +475,7 @@ fn writers_stalled_on_a_full_frozen_queue_reach_the_log_in_arrival_order() {
                         // A buffered write returns in the same step as its append: the order
                         // of the returns is the order of the log.
                         store
-                            .write(puts(first..first + 50, 0), Sync::Buffered)
+                            .commit(&puts(first..first + 50, 0), Sync::Buffered)
                             .await
                             .expect("write");
                         applied.borrow_mut().push(n);

@@ -7,24 +7,24 @@ use support::on_executor as run;
 
 use std::rc::Rc;
 
-use pinq::key::Key;
+use pinq::key::{EventKey, TopicHash};
+use pinq::log::wal::{segment_name, SegmentReader, Wal};
+use pinq::log::Command;
 use pinq::message::Value;
 use pinq::storage::io as dio;
-use pinq::storage::wal::{decode_batch, segment_name, SegmentReader, Wal};
-use pinq::store::WriteBatch;
 
-fn batch(id: u64, n: usize) -> WriteBatch {
-    let mut batch = WriteBatch::new();
-    for i in 0..n {
-        let mut key = [0u8; 24];
-        key[8..16].copy_from_slice(&id.to_be_bytes());
-        key[16..24].copy_from_slice(&(i as u64).to_be_bytes());
-        batch.put(
-            Key::from_slice(&key),
-            Value::copy_from_slice(&[id as u8; 100]),
-        );
+fn batch(id: u64, n: usize) -> Command {
+    Command::Store {
+        messages: (0..n as u64)
+            .map(|i| {
+                (
+                    EventKey::new(TopicHash(0), id, i),
+                    Value::copy_from_slice(&[id as u8; 100]),
+                )
+            })
+            .collect(),
+        event_id_high_water: 0,
     }
-    batch
 }
 
 #[test]
@@ -93,12 +93,12 @@ fn concurrent_durable_appends_share_fdatasyncs_and_read_back_in_order() {
         let mut expected_seq = 1;
         while let Some((_, record)) = reader.next_record() {
             assert_eq!(record.seq, expected_seq);
-            let decoded = decode_batch(record.payload).expect("decode");
+            let decoded = Command::decode(record.payload).expect("decode");
             assert_eq!(decoded.len(), 16);
             expected_seq += 1;
         }
         assert_eq!(expected_seq, batches + 1);
-        assert_eq!(reader.end(), Some(&pinq::storage::wal::ScanEnd::Clean));
+        assert_eq!(reader.end(), Some(&pinq::log::wal::ScanEnd::Clean));
     });
 }
 

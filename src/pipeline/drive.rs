@@ -8,7 +8,7 @@ use std::cell::RefCell;
 
 use super::shard::{PublishError, PublishMessage, ShardCore};
 use crate::config::AckLevel;
-use crate::key::{self, EventKey};
+use crate::key::EventKey;
 use crate::store::{Store, StoreError, Sync};
 
 /// Why a publish failed.
@@ -20,15 +20,11 @@ pub enum PublishFailure {
     Store(#[from] StoreError),
 }
 
-/// Loads the shard's persisted event-id high-water mark into the core (call once at start).
-pub async fn recover<S: Store>(core: &RefCell<ShardCore>, store: &S) -> Result<(), StoreError> {
-    let meta = store
-        .get(&key::meta::key(key::meta::EVENT_ID_HIGH_WATER))
-        .await?;
-    if let Some(high_water) = meta.and_then(|v| ShardCore::parse_high_water(v.as_bytes())) {
-        core.borrow_mut().recover_event_ids(high_water);
-    }
-    Ok(())
+/// Loads the shard's event-id high-water mark (applied from the log) into the core (call once
+/// at start, after the store was opened).
+pub fn recover<S: Store>(core: &RefCell<ShardCore>, store: &S) {
+    core.borrow_mut()
+        .recover_event_ids(store.event_id_high_water());
 }
 
 /// Validates, stores and announces one publish batch; returns the delivery tags once the batch
@@ -46,8 +42,8 @@ pub async fn publish<S: Store>(
     } else {
         Sync::Buffered
     };
-    match store.write(batch.to_write_batch(), sync).await {
-        Ok(()) => {
+    match store.commit(&batch.command(), sync).await {
+        Ok(_) => {
             core.borrow_mut().on_publish_applied(&batch);
             Ok(batch.tags())
         }
@@ -110,8 +106,8 @@ pub async fn flush_delete_batch<S: Store>(
     let Some(batch) = batch else {
         return Ok(None);
     };
-    match store.write(batch.to_write_batch(), Sync::Durable).await {
-        Ok(()) => {
+    match store.commit(&batch.command(), Sync::Durable).await {
+        Ok(_) => {
             core.borrow_mut().on_delete_applied(&batch);
             Ok(Some(batch.keys.len()))
         }

@@ -386,7 +386,7 @@ impl Model {
             self.now(),
             batch.tags()
         ));
-        self.sim.store.inner.apply(batch.to_write_batch());
+        self.sim.store.inner.apply(&batch.command());
         self.sim.core.borrow_mut().on_publish_applied(&batch);
         for key in batch.tags() {
             self.messages.get_mut(&key).unwrap().stored = true;

@@ -25,8 +25,8 @@ use crate::config::{AckLevel, DeliveryConfig, PublishConfig};
 use crate::key::{
     self, due_bucket, due_bucket_bound, topic_end, EventKey, Key, KeyError, TopicHash,
 };
+use crate::log::Command;
 use crate::message::{CodecError, Header, StoredMessage, Value};
-use crate::store::WriteBatch;
 
 /// One message of a publish request, as a client sent it (delay and TTL are checked here).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,18 +83,12 @@ pub struct StoreBatch {
 }
 
 impl StoreBatch {
-    pub fn to_write_batch(&self) -> WriteBatch {
-        let mut batch = WriteBatch {
-            ops: Vec::with_capacity(self.messages.len() + 1),
-        };
-        for (key, value) in &self.messages {
-            batch.put(key.to_key(), value.clone());
+    /// The command that stores this batch (values are shared, not copied).
+    pub fn command(&self) -> Command {
+        Command::Store {
+            messages: self.messages.clone(),
+            event_id_high_water: self.event_id_high_water,
         }
-        batch.put(
-            key::meta::key(key::meta::EVENT_ID_HIGH_WATER),
-            Value::copy_from_slice(&self.event_id_high_water.to_be_bytes()),
-        );
-        batch
     }
 
     pub fn tags(&self) -> Vec<EventKey> {
@@ -103,14 +97,11 @@ impl StoreBatch {
 }
 
 impl DeleteBatch {
-    pub fn to_write_batch(&self) -> WriteBatch {
-        let mut batch = WriteBatch {
-            ops: Vec::with_capacity(self.keys.len()),
-        };
-        for key in &self.keys {
-            batch.delete(key.to_key());
+    /// The command that deletes this batch's keys.
+    pub fn command(&self) -> Command {
+        Command::Delete {
+            keys: self.keys.clone(),
         }
-        batch
     }
 }
 
@@ -245,11 +236,6 @@ impl ShardCore {
     /// Continues event ids after a restart from the persisted high-water mark.
     pub fn recover_event_ids(&mut self, high_water: u64) {
         self.next_event_id = self.next_event_id.max(high_water.saturating_add(1));
-    }
-
-    /// Reads a persisted high-water value (the metadata key's value bytes).
-    pub fn parse_high_water(bytes: &[u8]) -> Option<u64> {
-        bytes.try_into().ok().map(u64::from_be_bytes)
     }
 
     // ---- publish -------------------------------------------------------------------------

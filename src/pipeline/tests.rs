@@ -10,8 +10,9 @@ use super::shard::{Delivery, PublishError, PublishMessage, ShardCore, TagResult}
 use super::ConsumerId;
 use crate::config::{AckLevel, DeliveryConfig, PublishConfig};
 use crate::key::{self, EventKey, Key, TopicHash};
+use crate::log::Command;
 use crate::message::{StoredMessage, Value};
-use crate::store::{MemStore, Store, StoreError, Sync, WriteBatch};
+use crate::store::{MemStore, Store, StoreError, Sync};
 
 /// A store that records the rows it hands out and can be told to fail writes.
 #[derive(Default)]
@@ -22,11 +23,15 @@ pub(super) struct TestStore {
 }
 
 impl Store for TestStore {
-    async fn write(&self, batch: WriteBatch, sync: Sync) -> Result<(), StoreError> {
+    async fn commit(&self, command: &Command, sync: Sync) -> Result<u64, StoreError> {
         if *self.fail_writes.borrow() {
             return Err(StoreError::Closed);
         }
-        self.inner.write(batch, sync).await
+        self.inner.commit(command, sync).await
+    }
+
+    fn event_id_high_water(&self) -> u64 {
+        self.inner.event_id_high_water()
     }
 
     async fn scan(
@@ -707,14 +712,14 @@ fn the_janitor_deletes_expired_messages_of_topics_without_consumers_and_skips_ot
     let mut sim = Sim::new(config());
     let expired = sim.publish_with("nobody", "old", 0, 10);
     let alive = sim.publish_with("nobody", "young", 0, 0);
-    let mut junk = WriteBatch::new();
-    let mut not_a_message = EventKey::new(TopicHash(5), 0, 0).to_key();
-    not_a_message.truncate(24);
-    junk.put(
-        not_a_message.clone(),
-        Value::copy_from_slice(b"garbage bytes"),
-    );
-    sim.store.inner.apply(junk);
+    let not_a_message = EventKey::new(TopicHash(5), 0, 0).to_key();
+    sim.store.inner.apply(&Command::Store {
+        messages: vec![(
+            EventKey::new(TopicHash(5), 0, 0),
+            Value::copy_from_slice(b"garbage bytes"),
+        )],
+        event_id_high_water: 0,
+    });
     sim.advance(10_000);
     let swept = block_on(drive::sweep(&sim.core, &sim.store, sim.now_ms, || async {})).unwrap();
     assert!(swept);
@@ -726,11 +731,7 @@ fn the_janitor_deletes_expired_messages_of_topics_without_consumers_and_skips_ot
         sim.store.inner.get_now(&not_a_message).is_some(),
         "unreadable values are left alone"
     );
-    assert!(sim
-        .store
-        .inner
-        .get_now(&key::meta::key(key::meta::EVENT_ID_HIGH_WATER))
-        .is_some());
+    assert!(sim.store.inner.event_id_high_water() >= 2);
     assert_eq!(sim.core.borrow().stats().counters.expired_janitor_total, 1);
 }
 
@@ -848,7 +849,7 @@ fn event_ids_continue_after_a_restart() {
     let store = std::mem::take(&mut sim.store);
     let mut restarted = Sim::new(config());
     restarted.store = store;
-    block_on(drive::recover(&restarted.core, &restarted.store)).unwrap();
+    drive::recover(&restarted.core, &restarted.store);
     let after = restarted.publish("t", "b");
     assert!(after.event_id() > before.event_id());
 }
@@ -866,12 +867,13 @@ fn two_topics_with_the_same_hash_never_see_each_others_messages() {
         ttl_ms: 0,
         headers: vec![],
     };
-    let mut batch = WriteBatch::new();
-    batch.put(
-        EventKey::new(TopicHash::of("mine"), 0, 1).to_key(),
-        Value::encode(&stored).unwrap(),
-    );
-    sim.store.inner.apply(batch);
+    sim.store.inner.apply(&Command::Store {
+        messages: vec![(
+            EventKey::new(TopicHash::of("mine"), 0, 1),
+            Value::encode(&stored).unwrap(),
+        )],
+        event_id_high_water: 0,
+    });
     sim.publish("mine", "yours");
     sim.settle();
     assert_eq!(sim.payloads(c), vec!["yours"]);
@@ -893,7 +895,7 @@ fn a_publish_not_yet_stored_is_not_skipped_by_a_pass() {
         .unwrap();
     sim.publish("t", "fast");
     sim.settle();
-    sim.store.inner.apply(slow.to_write_batch());
+    sim.store.inner.apply(&slow.command());
     sim.core.borrow_mut().on_publish_applied(&slow);
     sim.settle();
     let mut got = sim.payloads(c);
@@ -967,7 +969,7 @@ fn a_publish_being_written_does_not_make_the_dispatcher_spin() {
         sim.core.borrow().next_wake_ms() > sim.now_ms,
         "nothing can be read until the slow write lands: no wake-up now"
     );
-    sim.store.inner.apply(slow.to_write_batch());
+    sim.store.inner.apply(&slow.command());
     sim.core.borrow_mut().on_publish_applied(&slow);
     assert_eq!(
         sim.core.borrow().next_wake_ms(),
@@ -1006,7 +1008,7 @@ fn a_publish_being_written_behind_the_cursor_does_not_make_the_dispatcher_spin()
         sim.core.borrow().next_wake_ms() > sim.now_ms,
         "nothing can be read until the slow write lands: no wake-up now"
     );
-    sim.store.inner.apply(slow.to_write_batch());
+    sim.store.inner.apply(&slow.command());
     sim.core.borrow_mut().on_publish_applied(&slow);
     sim.settle();
     assert_eq!(sim.payloads(c), vec!["fast", "slow"]);

@@ -259,9 +259,7 @@ async fn shard_main(
         dispatcher,
         deleter,
     ));
-    if let Err(e) = drive::recover(&shard.core, &shard.store).await {
-        return fail(format!("cannot recover: {e}"));
-    }
+    drive::recover(&shard.core, &shard.store);
 
     let background = glommio::executor().create_task_queue(
         glommio::Shares::Static(100),

@@ -14,10 +14,11 @@ use std::path::{Path, PathBuf};
 
 use crate::config::{StorageConfig, StorageEngine};
 use crate::key::Key;
+use crate::log::Command;
 use crate::message::Value;
 use crate::metrics::StorageFigures;
 use crate::storage::{LsmOptions, LsmStore};
-use crate::store::{MemStore, Store, StoreError, Sync, WriteBatch};
+use crate::store::{MemStore, Store, StoreError, Sync};
 
 pub enum ShardStore {
     Memory(MemStore),
@@ -93,10 +94,17 @@ impl ShardStore {
 }
 
 impl Store for ShardStore {
-    async fn write(&self, batch: WriteBatch, sync: Sync) -> Result<(), StoreError> {
+    async fn commit(&self, command: &Command, sync: Sync) -> Result<u64, StoreError> {
         match self {
-            ShardStore::Memory(s) => s.write(batch, sync).await,
-            ShardStore::Lsm(s) => s.write(batch, sync).await,
+            ShardStore::Memory(s) => s.commit(command, sync).await,
+            ShardStore::Lsm(s) => s.commit(command, sync).await,
+        }
+    }
+
+    fn event_id_high_water(&self) -> u64 {
+        match self {
+            ShardStore::Memory(s) => s.event_id_high_water(),
+            ShardStore::Lsm(s) => s.event_id_high_water(),
         }
     }
 

@@ -1,20 +1,20 @@
-//! [`LsmStore`]: the glommio shell that drives the WAL, memtables, tables, flushes and
-//! compactions of one shard, behind [`crate::store::Store`].
+//! [`Engine`]: the state machine a shard's command log is applied to: memtables, tables,
+//! flushes and compactions, as one glommio shell. It has no log of its own.
 //!
 //! Owns the engine's mutable state (active and frozen memtables, the current table version, the
-//! manifest) and its three tasks: the WAL writer (foreground queue: commits are latency), and the
-//! flusher and compactor (a background task queue with fewer shares, so they cannot starve
-//! dispatch). Everything runs on the shard's one executor; state lives in `RefCell`s that are
-//! never borrowed across an await.
+//! manifest) and its two tasks, the flusher and the compactor (a background task queue with
+//! fewer shares, so they cannot starve dispatch). Everything runs on the shard's one executor;
+//! state lives in `RefCell`s that are never borrowed across an await.
 //!
-//! Write path: `write` encodes the batch into the WAL's pending buffer and applies it to the
-//! active memtable in the same synchronous step (so memtable order is WAL order), then, for
-//! `Sync::Durable`, waits for the fdatasync that covers it. A full memtable (or a WAL that grew
-//! past `wal_bytes_max`, e.g. from publish/ACK pairs that annihilated) is frozen, the WAL rolls
-//! to a new segment, and the flusher writes the memtable to a table and commits the manifest;
-//! then the segments it covered are deleted. Too many frozen memtables stall writers until a
-//! flush lands: memory stays bounded. Stalled writers go in arrival order, and a newcomer queues
-//! behind them: concurrent writes reach the WAL in the order `write` was called.
+//! Write path (driven by the log's owner, `super::lsm::LsmStore` standalone): [`Engine::admit`]
+//! waits while too many frozen memtables wait for their flush (memory stays bounded; stalled
+//! writers go in arrival order, so commands reach the log in the order they came), the owner
+//! appends the command to its log, and [`Engine::apply`] applies it to the active memtable under
+//! the log index it got, in the same synchronous step. A full memtable is frozen, and the flusher
+//! writes it to a table and commits the manifest with the highest index it holds
+//! (`applied_index`): the log may then drop everything up to that index, and recovery replays the
+//! log only past it. Nothing here fsyncs a log record: a command is made durable once, by the
+//! log.
 //!
 //! Read path: a scan takes a snapshot (the active memtable's `Rc`, the frozen memtables, the
 //! table version), merges the immutable sources with awaits allowed in between, and merges the
@@ -22,8 +22,8 @@
 //! while writes continue.
 //!
 //! Must never: read the wall clock outside [`SystemClock`]; hold a `RefCell` borrow across an
-//! await; acknowledge a durable write before its fdatasync; delete a file the committed manifest
-//! (or the WAL replay) still needs.
+//! await; delete a file the committed manifest still needs; record an `applied_index` whose
+//! commands are not all in the listed tables.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -44,11 +44,11 @@ use super::recovery::{self, RecoveryReport};
 use super::signal::Signal;
 use super::table::block::EntryRef;
 use super::table::{table_name, Table, TableCursor, TableWriter};
-use super::wal::Wal;
 use super::{corrupt, io_error};
 use crate::key::Key;
+use crate::log::Command;
 use crate::message::Value;
-use crate::store::{Store, StoreError, Sync, WriteBatch};
+use crate::store::{StoreError, WriteBatch};
 
 /// Where the engine gets the time (TTL filtering in flush and compaction). Injected so tests
 /// drive expiry by hand.
@@ -108,8 +108,9 @@ pub struct LsmOptions {
     pub memtable_bytes_max: usize,
     /// Frozen memtables waiting for their flush before writers stall.
     pub frozen_memtables_max: usize,
-    /// WAL bytes not yet covered by tables before the memtable is frozen anyway. Bounds recovery
-    /// time when publish/ACK pairs annihilate and the memtable never fills.
+    /// Log bytes not yet covered by tables before the memtable is frozen anyway (padding
+    /// included). Bounds recovery time and disk use when publish/ACK pairs annihilate and the
+    /// memtable never fills. Checked by the log's owner, which knows the log's size.
     pub wal_bytes_max: u64,
     /// A WAL segment is closed and a new one started past this size.
     pub wal_segment_bytes_max: u64,
@@ -268,6 +269,8 @@ struct State {
     next_table_id: u64,
     /// Tables replaced by compaction, removed once no reader holds them.
     obsolete: Vec<Rc<Table>>,
+    /// The highest event id any applied command assigned.
+    event_id_high_water: u64,
     closing: bool,
     shutdown: bool,
     failed: Option<(String, std::io::ErrorKind, String)>,
@@ -277,7 +280,6 @@ struct Inner {
     dir: PathBuf,
     options: LsmOptions,
     clock: Rc<dyn Clock>,
-    wal: Rc<Wal>,
     state: RefCell<State>,
     counters: RefCell<Counters>,
     /// Serialises manifest commits (flush and compaction both commit).
@@ -289,40 +291,51 @@ struct Inner {
     /// A flush committed, or the engine failed.
     flushed: Signal,
     /// Tickets of the writers stalled on a full frozen queue, in arrival order. A writer that
-    /// finds the queue non-empty waits its turn even if there is room: writes reach the WAL in
-    /// the order they arrived, which the shard relies on (each publish batch carries the
+    /// finds the queue non-empty waits its turn even if there is room: commands reach the log in
+    /// the order they arrived, which the shard relies on (each store command carries the
     /// event-id high-water mark; a later batch overtaking an earlier one while it waits would
     /// leave the lower mark last, and ids would be reused after a restart).
     stalled: RefCell<VecDeque<u64>>,
     next_stall_ticket: Cell<u64>,
-    recovery: RecoveryReport,
+    recovery: RefCell<RecoveryReport>,
 }
 
-/// Removes a stalled writer's ticket however its wait ends (its turn came, an error, or the
-/// write future was dropped), and wakes the others to re-check whose turn it is.
-struct StallTicket<'a> {
-    inner: &'a Inner,
-    ticket: u64,
+/// A writer's turn to append to the log and apply, from [`Engine::admit`]. Drop it right after
+/// the apply: the next stalled writer goes then. Removes a stalled writer's ticket however its
+/// wait ends (its turn came, an error, or the write future was dropped), and wakes the others to
+/// re-check whose turn it is.
+pub struct Admission<'a> {
+    ticket: Option<(&'a Inner, u64)>,
 }
 
-impl Drop for StallTicket<'_> {
+impl Drop for Admission<'_> {
     fn drop(&mut self) {
-        self.inner
-            .stalled
-            .borrow_mut()
-            .retain(|&t| t != self.ticket);
-        self.inner.flushed.notify();
+        if let Some((inner, ticket)) = self.ticket.take() {
+            inner.stalled.borrow_mut().retain(|&t| t != ticket);
+            inner.flushed.notify();
+        }
     }
 }
 
-/// The io_uring LSM store of one shard. Create it on the shard's executor with
-/// [`LsmStore::open`]; use it through [`Store`]; end with [`LsmStore::close`].
-pub struct LsmStore {
+/// The LSM engine of one shard. Create it on the shard's executor with [`Engine::open_with`],
+/// replay the log into it with [`Engine::apply`], then [`Engine::start`] its tasks.
+pub struct Engine {
     inner: Rc<Inner>,
+    queue: TaskQueueHandle,
     tasks: RefCell<Vec<glommio::task::JoinHandle<()>>>,
 }
 
-/// Extra wiring for [`LsmStore::open_with`].
+/// What [`Engine::open_with`] found besides the engine itself.
+pub struct Opened {
+    pub engine: Engine,
+    /// Every command at or below this log index is in the tables: replay the log after it.
+    pub applied_index: u64,
+    /// Files the manifest does not list; remove them with [`Engine::remove_orphans`] once the
+    /// log was read too (a refused start changes no file).
+    pub orphans: Vec<PathBuf>,
+}
+
+/// Extra wiring for [`Engine::open_with`] (and `LsmStore::open_with`).
 #[derive(Default)]
 pub struct LsmEnv {
     /// Time source for TTL filtering; the system clock when `None`.
@@ -331,19 +344,14 @@ pub struct LsmEnv {
     pub background_queue: Option<TaskQueueHandle>,
 }
 
-impl LsmStore {
-    /// Opens (or creates) the store in `dir`, recovering what a previous run left. Must run on a
-    /// glommio executor.
-    pub async fn open(dir: impl AsRef<Path>, options: LsmOptions) -> Result<LsmStore, StoreError> {
-        LsmStore::open_with(dir, options, LsmEnv::default()).await
-    }
-
-    /// [`LsmStore::open`] with an injected clock and/or background task queue.
+impl Engine {
+    /// Opens (or creates) the engine in `dir` from its manifest and tables. Must run on a
+    /// glommio executor. Changes no file (see [`Opened::orphans`]); starts no task.
     pub async fn open_with(
         dir: impl AsRef<Path>,
         options: LsmOptions,
         env: LsmEnv,
-    ) -> Result<LsmStore, StoreError> {
+    ) -> Result<Opened, StoreError> {
         // glommio opens directories (for their fsync) with a path it cannot resolve relative to
         // the working directory ("Bad file descriptor"), so the engine keeps an absolute one.
         let dir = std::path::absolute(dir.as_ref()).map_err(|e| io_error(dir.as_ref(), e))?;
@@ -354,29 +362,29 @@ impl LsmStore {
             )
         })?;
         let recovered = recovery::recover(&dir, &options).await?;
-        let wal = Rc::new(Wal::new(
-            &dir,
-            recovered.next_seq,
-            recovered.live_segments,
-            options.wal_segment_bytes_max,
-            options.wal_preallocate_bytes,
-        ));
-        wal.start();
+        let applied_index = recovered.manifest.applied_index;
+        let high_water = recovered.manifest.event_id_high_water;
         let next_table_id = recovered.manifest.next_table_id.max(1);
-        let has_frozen = !recovered.frozen.is_empty();
+        let queue = env.background_queue.unwrap_or_else(|| {
+            glommio::executor().create_task_queue(
+                Shares::Static(options.background_shares),
+                Latency::NotImportant,
+                "pinq-storage-bg",
+            )
+        });
         let inner = Rc::new(Inner {
             dir,
             clock: env.clock.unwrap_or_else(|| Rc::new(SystemClock::default())),
-            wal,
             state: RefCell::new(State {
-                active: Rc::new(RefCell::new(recovered.active)),
-                frozen: recovered.frozen,
+                active: Rc::new(RefCell::new(Memtable::new())),
+                frozen: VecDeque::new(),
                 version: Rc::new(Version {
                     tables: recovered.tables,
                 }),
                 manifest: recovered.manifest,
                 next_table_id,
                 obsolete: Vec::new(),
+                event_id_high_water: high_water,
                 closing: false,
                 shutdown: false,
                 failed: None,
@@ -389,35 +397,97 @@ impl LsmStore {
             flushed: Signal::default(),
             stalled: RefCell::new(VecDeque::new()),
             next_stall_ticket: Cell::new(0),
-            recovery: recovered.report,
+            recovery: RefCell::new(recovered.report),
             options,
         });
-        let queue = env.background_queue.unwrap_or_else(|| {
-            glommio::executor().create_task_queue(
-                Shares::Static(inner.options.background_shares),
-                Latency::NotImportant,
-                "pinq-storage-bg",
-            )
-        });
+        Ok(Opened {
+            engine: Engine {
+                inner,
+                queue,
+                tasks: RefCell::new(Vec::new()),
+            },
+            applied_index,
+            orphans: recovered.orphans,
+        })
+    }
+
+    /// Removes the files recovery found unlisted (call once the log was read without error).
+    pub fn remove_orphans(&self, orphans: &[PathBuf]) -> Result<(), StoreError> {
+        recovery::remove_orphans(&self.inner.dir, orphans)
+    }
+
+    /// Adds the log's part to the recovery report (the figures `/metrics` shows).
+    pub fn note_log_recovery(&self, log: &crate::log::recovery::LogReport) {
+        let mut r = self.inner.recovery.borrow_mut();
+        r.segments_read = log.segments_read;
+        r.segments_removed = log.segments_removed;
+        r.records_replayed = log.records_replayed;
+        r.wal_bytes_read = log.wal_bytes_read;
+        r.torn_tail = log.torn_tail.clone();
+    }
+
+    /// Starts the flusher and the compactor (after the log was replayed).
+    pub fn start(&self) -> Result<(), StoreError> {
+        let inner = &self.inner;
         let spawn_error = |e: glommio::GlommioError<()>| {
             io_error(
                 &inner.dir,
                 std::io::Error::other(format!("spawning a storage task: {e}")),
             )
         };
-        let flusher = glommio::spawn_local_into(Rc::clone(&inner).run_flusher(), queue)
+        let flusher = glommio::spawn_local_into(Rc::clone(inner).run_flusher(), self.queue)
             .map_err(spawn_error)?
             .detach();
-        let compactor = glommio::spawn_local_into(Rc::clone(&inner).run_compactor(), queue)
+        let compactor = glommio::spawn_local_into(Rc::clone(inner).run_compactor(), self.queue)
             .map_err(spawn_error)?
             .detach();
-        if has_frozen {
+        self.tasks.borrow_mut().extend([flusher, compactor]);
+        if !inner.state.borrow().frozen.is_empty() {
             inner.flush_wanted.notify();
         }
-        Ok(LsmStore {
-            inner,
-            tasks: RefCell::new(vec![flusher, compactor]),
-        })
+        Ok(())
+    }
+
+    /// Waits for this writer's turn (see [`Admission`]); fails once the engine is closing or
+    /// failed.
+    pub async fn admit(&self) -> Result<Admission<'_>, StoreError> {
+        self.inner.admit().await
+    }
+
+    /// Applies command `index` of the log to the active memtable. Returns whether a full
+    /// memtable was frozen (the log's owner starts a new log segment then).
+    pub fn apply(&self, index: u64, command: &Command) -> bool {
+        self.inner.apply(index, command)
+    }
+
+    /// Freezes the active memtable if it holds anything; returns whether it did.
+    pub fn freeze(&self) -> bool {
+        self.inner.freeze()
+    }
+
+    /// Whether no memtable waits for its flush (the log-size cap only freezes then).
+    pub fn nothing_frozen(&self) -> bool {
+        self.inner.state.borrow().frozen.is_empty()
+    }
+
+    /// Every command at or below this index is in the tables.
+    pub fn flushed_index(&self) -> u64 {
+        self.inner.state.borrow().manifest.applied_index
+    }
+
+    /// Resolves after the next flush commits (or the engine fails or stops).
+    pub fn flushed(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.inner.flushed.wait()
+    }
+
+    /// The highest event id any applied command assigned.
+    pub fn event_id_high_water(&self) -> u64 {
+        self.inner.state.borrow().event_id_high_water
+    }
+
+    /// Whether writes are refused (closing, closed or failed).
+    pub fn check_writable(&self) -> Result<(), StoreError> {
+        self.inner.check_writable()
     }
 
     /// Freezes the active memtable (if it holds anything) and waits until every frozen memtable
@@ -434,35 +504,22 @@ impl LsmStore {
         self.inner.compact_once(true).await.map(|_| ())
     }
 
-    /// Resolves once everything written so far is on stable storage.
-    pub async fn sync(&self) -> Result<(), StoreError> {
-        self.inner.check_readable()?;
-        self.inner.wal.sync_all().await
-    }
-
-    /// Graceful shutdown: refuses new writes, flushes the memtable (if `flush_on_close`), syncs
-    /// the WAL and stops the background tasks. Later calls return `StoreError::Closed`.
-    pub async fn close(&self) -> Result<(), StoreError> {
-        self.shutdown(self.inner.options.flush_on_close).await
-    }
-
-    /// Shutdown that leaves the memtable in the WAL, as a crash would (minus a torn tail): the
-    /// next open replays it. For recovery tests and tools.
-    pub async fn close_unflushed(&self) -> Result<(), StoreError> {
-        self.shutdown(false).await
-    }
-
-    async fn shutdown(&self, flush: bool) -> Result<(), StoreError> {
+    /// First step of a graceful close: refuses new writes; with `flush`, writes every memtable
+    /// to a table. Fails with `StoreError::Closed` when a close already began.
+    pub async fn begin_close(&self, flush: bool) -> Result<(), StoreError> {
         if self.inner.state.borrow().closing {
             return Err(StoreError::Closed);
         }
         self.inner.state.borrow_mut().closing = true;
-        let mut result = Ok(());
         if flush && self.inner.failure().is_none() {
             self.inner.freeze();
-            result = self.inner.wait_frozen_drained().await;
+            return self.inner.wait_frozen_drained().await;
         }
-        let wal_result = self.inner.wal.shutdown().await;
+        Ok(())
+    }
+
+    /// Last step of a graceful close: stops the background tasks and removes replaced tables.
+    pub async fn finish_close(&self) {
         self.inner.state.borrow_mut().shutdown = true;
         self.inner.flush_wanted.notify();
         self.inner.compact_wanted.notify();
@@ -471,45 +528,32 @@ impl LsmStore {
             task.await;
         }
         self.inner.reap_obsolete().await;
-        result.and(wal_result)
     }
 
-    /// Counters and sizes, for metrics and benches.
+    /// Counters and sizes, for metrics and benches (the log's figures are filled in by its
+    /// owner).
     pub fn stats(&self) -> LsmStats {
         self.inner.stats()
     }
 
-    /// The directory this store lives in.
+    /// Whether a graceful close flushes the memtable (`LsmOptions::flush_on_close`).
+    pub fn flush_on_close(&self) -> bool {
+        self.inner.options.flush_on_close
+    }
+
+    /// The directory this engine lives in.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
     }
 
-    /// True when no flush is pending and the WAL writer is idle (tests and benches).
+    /// True when no flush is pending (tests and benches).
     pub fn is_quiet(&self) -> bool {
-        self.inner.state.borrow().frozen.is_empty() && self.inner.wal.is_idle()
-    }
-}
-
-impl Drop for LsmStore {
-    fn drop(&mut self) {
-        // Without close(): stop the tasks; the WAL writer still writes what is pending.
-        let mut st = self.inner.state.borrow_mut();
-        st.closing = true;
-        st.shutdown = true;
-        drop(st);
-        self.inner.wal.request_shutdown();
-        self.inner.flush_wanted.notify();
-        self.inner.compact_wanted.notify();
-        self.inner.flushed.notify();
-    }
-}
-
-impl Store for LsmStore {
-    async fn write(&self, batch: WriteBatch, sync: Sync) -> Result<(), StoreError> {
-        self.inner.write(batch, sync).await
+        self.inner.state.borrow().frozen.is_empty()
     }
 
-    async fn scan(
+    /// Scans `[start, end)` (`end == None`: unbounded), at most `limit` keys, from one
+    /// consistent snapshot.
+    pub async fn scan(
         &self,
         start: &[u8],
         end: Option<&[u8]>,
@@ -518,7 +562,12 @@ impl Store for LsmStore {
         self.inner.scan(start, end, limit).await
     }
 
-    async fn first_key(&self, start: &[u8], end: Option<&[u8]>) -> Result<Option<Key>, StoreError> {
+    /// The first key in `[start, end)`.
+    pub async fn first_key(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+    ) -> Result<Option<Key>, StoreError> {
         Ok(self
             .inner
             .scan(start, end, 1)
@@ -528,8 +577,22 @@ impl Store for LsmStore {
             .map(|(k, _)| k))
     }
 
-    async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
+    /// Reads one key.
+    pub async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
         self.inner.get(key).await
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Without a close: stop the tasks.
+        let mut st = self.inner.state.borrow_mut();
+        st.closing = true;
+        st.shutdown = true;
+        drop(st);
+        self.inner.flush_wanted.notify();
+        self.inner.compact_wanted.notify();
+        self.inner.flushed.notify();
     }
 }
 
@@ -631,81 +694,67 @@ impl Inner {
         self.flushed.notify();
     }
 
-    async fn write(&self, batch: WriteBatch, sync: Sync) -> Result<(), StoreError> {
+    async fn admit(&self) -> Result<Admission<'_>, StoreError> {
         self.check_writable()?;
         let room =
             |inner: &Inner| inner.state.borrow().frozen.len() < inner.options.frozen_memtables_max;
-        let turn = if room(self) && self.stalled.borrow().is_empty() {
-            None
-        } else {
-            let ticket = self.next_stall_ticket.get();
-            self.next_stall_ticket.set(ticket + 1);
-            self.stalled.borrow_mut().push_back(ticket);
-            // Dropped right after the append (not after the fdatasync): the next writer in
-            // line goes only once this one's record is queued, and they still share commits.
-            let turn = StallTicket {
-                inner: self,
-                ticket,
-            };
-            self.counters.borrow_mut().write_stalls += 1;
-            loop {
-                let wait = self.flushed.wait();
-                let first = self.stalled.borrow().front() == Some(&ticket);
-                if first && room(self) {
-                    break;
-                }
-                wait.await;
-                self.check_writable()?;
-            }
-            Some(turn)
-        };
-        if batch.is_empty() {
-            return match sync {
-                Sync::Durable => self.wal.sync_all().await,
-                Sync::Buffered => Ok(()),
-            };
+        if room(self) && self.stalled.borrow().is_empty() {
+            return Ok(Admission { ticket: None });
         }
-        let seq = self.wal.append(&batch)?;
+        let ticket = self.next_stall_ticket.get();
+        self.next_stall_ticket.set(ticket + 1);
+        self.stalled.borrow_mut().push_back(ticket);
+        // The admission drops right after the append (not after the fdatasync): the next writer
+        // in line goes once this one's record is queued, and they still share commits.
+        let admission = Admission {
+            ticket: Some((self, ticket)),
+        };
+        self.counters.borrow_mut().write_stalls += 1;
+        loop {
+            let wait = self.flushed.wait();
+            let first = self.stalled.borrow().front() == Some(&ticket);
+            if first && room(self) {
+                return Ok(admission);
+            }
+            wait.await;
+            self.check_writable()?;
+        }
+    }
+
+    fn apply(&self, index: u64, command: &Command) -> bool {
+        let batch = write_batch(command);
         {
-            let st = self.state.borrow();
+            let mut st = self.state.borrow_mut();
+            if let Command::Store {
+                event_id_high_water,
+                ..
+            } = command
+            {
+                st.event_id_high_water = st.event_id_high_water.max(*event_id_high_water);
+            }
+            let high_water = st.event_id_high_water;
             let mut active = st.active.borrow_mut();
-            active.apply(seq, batch, |key| {
+            active.note_event_id_high_water(high_water);
+            active.apply(index, batch, |key| {
                 live_below(&st.frozen, &st.version.tables, key)
             });
         }
-        self.maybe_freeze();
-        drop(turn);
-        match sync {
-            Sync::Durable => self.wal.wait_durable(seq).await,
-            Sync::Buffered => Ok(()),
-        }
+        let full = self.state.borrow().active.borrow().bytes() >= self.options.memtable_bytes_max;
+        full && self.freeze()
     }
 
-    fn maybe_freeze(&self) {
-        let (full, wal_over) = {
-            let st = self.state.borrow();
-            let full = st.active.borrow().bytes() >= self.options.memtable_bytes_max;
-            let wal_over =
-                st.frozen.is_empty() && self.wal.live_bytes() >= self.options.wal_bytes_max;
-            (full, wal_over)
-        };
-        if full || wal_over {
-            self.freeze();
-        }
-    }
-
-    /// Moves the active memtable to the frozen list and rolls the WAL, if any batch has been
-    /// applied to it (a new memtable has `last_seq` 0).
-    fn freeze(&self) {
+    /// Moves the active memtable to the frozen list, if any command has been applied to it (a
+    /// new memtable has `last_seq` 0). Returns whether it did.
+    fn freeze(&self) -> bool {
         let mut st = self.state.borrow_mut();
         if st.active.borrow().last_seq() == 0 {
-            return;
+            return false;
         }
         let old = std::mem::replace(&mut st.active, Rc::new(RefCell::new(Memtable::new())));
         st.frozen.push_front(old);
         drop(st);
-        self.wal.roll();
         self.flush_wanted.notify();
+        true
     }
 
     async fn wait_frozen_drained(&self) -> Result<(), StoreError> {
@@ -863,8 +912,6 @@ impl Inner {
         self.flushed.notify();
     }
 
-    /// Writes the oldest frozen memtable to a table, commits the manifest, installs the table,
-    /// and deletes the WAL segments it covered.
     /// Adds one entry to the table being written, creating its file on the first entry (a
     /// flush or compaction whose every entry is dropped writes no table at all).
     async fn add_to_table(
@@ -889,6 +936,8 @@ impl Inner {
         w.add(key, stored, expiry).await
     }
 
+    /// Writes the oldest frozen memtable to a table, commits the manifest (with the highest log
+    /// index the table now holds) and installs the table.
     async fn flush_memtable(&self, mt: Rc<RefCell<Memtable>>) -> Result<(), StoreError> {
         let now_ms = self.clock.now_ms();
         let id = self.alloc_table_id();
@@ -911,11 +960,11 @@ impl Inner {
             }
             None => None,
         };
-        let (last_seq, mt_counters) = {
+        let (last_seq, high_water, mt_counters) = {
             let m = mt.borrow();
-            (m.last_seq(), m.counters())
+            (m.last_seq(), m.event_id_high_water(), m.counters())
         };
-        let flushed_seq = {
+        {
             let _permit = self
                 .manifest_lock
                 .acquire_permit(1)
@@ -923,7 +972,8 @@ impl Inner {
                 .map_err(|_| StoreError::Closed)?;
             let mut next = self.state.borrow().manifest.clone();
             next.next_table_id = self.state.borrow().next_table_id;
-            next.wal_flushed_seq = next.wal_flushed_seq.max(last_seq);
+            next.applied_index = next.applied_index.max(last_seq);
+            next.event_id_high_water = next.event_id_high_water.max(high_water);
             if let Some((_, len)) = &table {
                 next.tables.insert(0, TableEntry { id, file_len: *len });
             }
@@ -946,10 +996,8 @@ impl Inner {
                     ))
                 }
             }
-            let flushed_seq = next.wal_flushed_seq;
             st.manifest = next;
-            flushed_seq
-        };
+        }
         {
             let mut c = self.counters.borrow_mut();
             c.flushes += 1;
@@ -967,10 +1015,6 @@ impl Inner {
         }
         self.flushed.notify();
         self.compact_wanted.notify();
-        let released = self.wal.release_through(flushed_seq);
-        for segment in released {
-            dio::remove(&segment).await?;
-        }
         Ok(())
     }
 
@@ -1263,7 +1307,6 @@ impl Inner {
     fn stats(&self) -> LsmStats {
         let st = self.state.borrow();
         let c = self.counters.borrow();
-        let wal = self.wal.counters();
         let active = st.active.borrow();
         let mut mem = c.flushed_memtables;
         for mt in std::iter::once(&st.active).chain(st.frozen.iter()) {
@@ -1274,14 +1317,6 @@ impl Inner {
             mem.deletes_dropped += m.deletes_dropped;
         }
         LsmStats {
-            wal_records: wal.records,
-            wal_record_bytes: wal.record_bytes,
-            wal_bytes_written: wal.bytes_written,
-            wal_zero_fill_bytes: wal.zero_fill_bytes,
-            wal_writes: wal.writes,
-            wal_fsyncs: wal.fsyncs,
-            wal_live_bytes: self.wal.live_bytes(),
-            wal_segments: self.wal.live_segments(),
             memtable_bytes: active.bytes(),
             memtable_entries: active.len(),
             frozen_memtables: st.frozen.len(),
@@ -1305,7 +1340,8 @@ impl Inner {
             compaction_tombstones_dropped: c.compaction_tombstones_dropped,
             compaction_expired_dropped: c.compaction_expired_dropped,
             write_stalls: c.write_stalls,
-            recovery: self.recovery.clone(),
+            recovery: self.recovery.borrow().clone(),
+            ..LsmStats::default()
         }
     }
 }
@@ -1326,4 +1362,24 @@ fn stored_form<'a>(
         }
         (Verdict::DropTombstone, _) | (Verdict::DropExpired, _) => None,
     }
+}
+
+/// The memtable operations a command stands for.
+fn write_batch(command: &Command) -> WriteBatch {
+    let mut batch = WriteBatch::new();
+    match command {
+        Command::Store { messages, .. } => {
+            batch.ops.reserve(messages.len());
+            for (key, value) in messages {
+                batch.put(key.to_key(), value.clone());
+            }
+        }
+        Command::Delete { keys } => {
+            batch.ops.reserve(keys.len());
+            for key in keys {
+                batch.delete(key.to_key());
+            }
+        }
+    }
+    batch
 }

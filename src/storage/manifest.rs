@@ -1,12 +1,15 @@
-//! The manifest: which tables are live and how far the WAL is already in them.
+//! The manifest: which tables are live and how far the command log is already in them.
 //!
 //! ```text
-//! MANIFEST = magic "PINQMAN1" u64 | version u32 | next_table_id u64 | wal_flushed_seq u64 |
+//! MANIFEST = magic "PINQMAN1" u64 | version u32 | next_table_id u64 | applied_index u64 |
+//!            event_id_high_water u64 |
 //!            table_count u32 | (table_id u64 | file_len u64)* (newest first) | crc32c u32
 //! ```
 //!
-//! Every WAL record with a sequence number at or below `wal_flushed_seq` lives in the listed
-//! tables; recovery replays only the records after it. The file is replaced atomically: write
+//! Every command with a log index at or below `applied_index` is in the listed tables; recovery
+//! replays only the log after it. `event_id_high_water` is the shard's metadata (the highest
+//! event id any applied command assigned): it lives here, outside the event tables' key range,
+//! so no table's key range reaches past the event keys. The file is replaced atomically: write
 //! `MANIFEST.tmp`, fdatasync it, rename it over `MANIFEST`, fsync the directory. A crash at any
 //! point leaves either the old or the new manifest, never a mix, and table files not listed are
 //! orphans recovery removes.
@@ -24,7 +27,9 @@ use crate::store::StoreError;
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_TMP_FILE: &str = "MANIFEST.tmp";
 const MANIFEST_MAGIC: u64 = u64::from_le_bytes(*b"PINQMAN1");
-const MANIFEST_VERSION: u32 = 1;
+/// Version 1 (before the command log) kept the high-water mark as a key in the tables; a
+/// directory written by it is refused by name.
+const MANIFEST_VERSION: u32 = 2;
 /// A manifest longer than this is refused before allocating for it.
 const TABLES_MAX: usize = 1 << 20;
 
@@ -40,8 +45,10 @@ pub struct TableEntry {
 pub struct Manifest {
     /// Ids below this may have been used; new tables take ids from here.
     pub next_table_id: u64,
-    /// Every WAL record at or below this sequence number is in the tables.
-    pub wal_flushed_seq: u64,
+    /// Every command at or below this log index is in the tables.
+    pub applied_index: u64,
+    /// The highest event id assigned by a command at or below `applied_index`.
+    pub event_id_high_water: u64,
     /// Live tables, newest first (a newer table's entries shadow an older one's).
     pub tables: Vec<TableEntry>,
 }
@@ -53,7 +60,7 @@ pub enum ManifestError {
     Truncated { len: usize },
     #[error("bad magic: not a pinq manifest")]
     BadMagic,
-    #[error("unsupported manifest version {found}")]
+    #[error("unsupported manifest version {found} (this build reads version 2; version 1 is a data directory of a pinq from before the command log: move it aside)")]
     BadVersion { found: u32 },
     #[error("manifest checksum mismatch")]
     Checksum,
@@ -63,11 +70,12 @@ pub enum ManifestError {
 
 impl Manifest {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(36 + 16 * self.tables.len());
+        let mut out = Vec::with_capacity(44 + 16 * self.tables.len());
         out.extend_from_slice(&MANIFEST_MAGIC.to_le_bytes());
         out.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
         out.extend_from_slice(&self.next_table_id.to_le_bytes());
-        out.extend_from_slice(&self.wal_flushed_seq.to_le_bytes());
+        out.extend_from_slice(&self.applied_index.to_le_bytes());
+        out.extend_from_slice(&self.event_id_high_water.to_le_bytes());
         out.extend_from_slice(&(self.tables.len() as u32).to_le_bytes());
         for t in &self.tables {
             out.extend_from_slice(&t.id.to_le_bytes());
@@ -79,7 +87,7 @@ impl Manifest {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
-        const HEADER: usize = 8 + 4 + 8 + 8 + 4;
+        const HEADER: usize = 8 + 4 + 8 + 8 + 8 + 4;
         if bytes.len() < HEADER + 4 {
             return Err(ManifestError::Truncated { len: bytes.len() });
         }
@@ -96,7 +104,11 @@ impl Manifest {
         if u64_at(0) != MANIFEST_MAGIC {
             return Err(ManifestError::BadMagic);
         }
-        let count = u32_at(28) as usize;
+        let version = u32_at(8);
+        if version != MANIFEST_VERSION {
+            return Err(ManifestError::BadVersion { found: version });
+        }
+        let count = u32_at(36) as usize;
         if count > TABLES_MAX {
             return Err(ManifestError::Malformed {
                 what: "table count out of range",
@@ -109,13 +121,10 @@ impl Manifest {
         if u32_at(total - 4) != crc32c::crc32c(&bytes[..total - 4]) {
             return Err(ManifestError::Checksum);
         }
-        let version = u32_at(8);
-        if version != MANIFEST_VERSION {
-            return Err(ManifestError::BadVersion { found: version });
-        }
         let manifest = Manifest {
             next_table_id: u64_at(12),
-            wal_flushed_seq: u64_at(20),
+            applied_index: u64_at(20),
+            event_id_high_water: u64_at(28),
             tables: (0..count)
                 .map(|i| TableEntry {
                     id: u64_at(HEADER + 16 * i),
@@ -169,7 +178,8 @@ mod tests {
     fn sample() -> Manifest {
         Manifest {
             next_table_id: 10,
-            wal_flushed_seq: 12345,
+            applied_index: 12345,
+            event_id_high_water: 777,
             tables: vec![
                 TableEntry {
                     id: 9,

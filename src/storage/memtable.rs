@@ -1,7 +1,7 @@
 //! The memtable: a shard's newest writes, in key order, bounded in bytes by the engine.
 //!
 //! Owns the in-memory map of puts and tombstones since the last freeze. Pure: no I/O, no clock.
-//! The engine applies every batch here right after its WAL record is queued, freezes the table
+//! The engine applies every batch here right after its command is appended to the log, freezes the table
 //! when [`Memtable::bytes`] passes `memtable_bytes_max`, and a frozen memtable is only read
 //! (scans, gets, and the flush that writes it to a sorted table).
 //!
@@ -67,8 +67,11 @@ pub struct MemtableCounters {
 pub struct Memtable {
     map: BTreeMap<Key, Entry>,
     bytes: usize,
-    /// Highest WAL sequence number applied (0 when none).
+    /// Highest log index applied (0 when none).
     last_seq: u64,
+    /// The shard's event-id high-water mark as of `last_seq` (the flush records it in the
+    /// manifest with `last_seq`).
+    event_id_high_water: u64,
     counters: MemtableCounters,
 }
 
@@ -179,6 +182,15 @@ impl Memtable {
 
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
+    }
+
+    /// Raises the event-id high-water mark this memtable carries to the manifest.
+    pub fn note_event_id_high_water(&mut self, high_water: u64) {
+        self.event_id_high_water = self.event_id_high_water.max(high_water);
+    }
+
+    pub fn event_id_high_water(&self) -> u64 {
+        self.event_id_high_water
     }
 
     pub fn last_seq(&self) -> u64 {

@@ -1,19 +1,20 @@
-//! The io_uring LSM log: one storage engine per shard, on glommio DMA files (O_DIRECT).
+//! The io_uring LSM store: one storage engine per shard, on glommio DMA files (O_DIRECT).
 //!
-//! Owns everything a shard keeps on disk: the write-ahead log ([`wal`]), the in-memory write
-//! buffer ([`memtable`]), immutable sorted tables ([`table`]), the list of live files
-//! ([`manifest`]), the compaction policy ([`compaction`]), crash recovery ([`recovery`]) and the
-//! glommio shell that ties them together ([`engine`], [`LsmStore`]). The shard's shell opens one
-//! [`LsmStore`] on its own executor and uses it through [`crate::store::Store`]; nothing else in
-//! pinq touches these files.
+//! Owns what a shard keeps in tables: the in-memory write buffer ([`memtable`]), immutable
+//! sorted tables ([`table`]), the list of live files ([`manifest`]), the compaction policy
+//! ([`compaction`]), the engine's recovery ([`recovery`]) and the glommio shell that ties them
+//! together ([`engine`]). The engine has no log of its own: [`LsmStore`] ([`lsm`]) puts the
+//! shard's command log (`crate::log`, the WAL standalone) in front of it. The shard's shell opens
+//! one [`LsmStore`] on its own executor and uses it through [`crate::store::Store`]; nothing else
+//! in pinq touches these files.
 //!
 //! Shaped for a queue's workload (DESIGN-NOTES §4): keys are written once and mostly deleted
 //! seconds later, so a delete that meets its put in the active memtable annihilates it and a
-//! message published and ACKed within one memtable never reaches a table. Metadata keys
-//! (`0xFF…`) are overwritten repeatedly, so the engine stays a correct general key-value store:
-//! a delete only annihilates when no older source can hold the key.
+//! message published and ACKed within one memtable never reaches a table. A delete only
+//! annihilates when no older source can hold the key. The shard's metadata (the event-id
+//! high-water mark) lives in the manifest, outside the tables' key range.
 //!
-//! Layering: the codecs (WAL records, blocks, table metadata, manifest) and the compaction policy
+//! Layering: the codecs (blocks, table metadata, manifest) and the compaction policy
 //! are pure and tested without I/O; [`io`] is the only place that talks to glommio files.
 //! Nothing in this module may read the wall clock inside a pure part: time comes from a
 //! [`engine::Clock`]. Nothing here may block the shard's thread on I/O after [`LsmStore::open`]
@@ -22,16 +23,17 @@
 pub mod compaction;
 pub mod engine;
 pub mod io;
+pub mod lsm;
 pub mod manifest;
 pub mod memtable;
 pub mod merge;
 pub mod recovery;
 pub(crate) mod signal;
 pub mod table;
-pub mod wal;
 
 pub use compaction::{Choice, CompactionConfig, TableSummary};
-pub use engine::{Clock, LsmEnv, LsmOptions, LsmStats, LsmStore, ManualClock, SystemClock};
+pub use engine::{Clock, Engine, LsmEnv, LsmOptions, LsmStats, ManualClock, SystemClock};
+pub use lsm::LsmStore;
 pub use recovery::RecoveryReport;
 
 use crate::store::StoreError;

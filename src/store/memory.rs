@@ -2,17 +2,20 @@
 //! `--storage memory`. Nothing survives the process. Its synchronous methods let pure-core tests
 //! drive a store without an executor.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use super::{Store, StoreError, Sync, WriteBatch, WriteOp};
+use super::{Store, StoreError, Sync};
 use crate::key::Key;
+use crate::log::Command;
 use crate::message::Value;
 
 #[derive(Default)]
 pub struct MemStore {
     map: RefCell<BTreeMap<Key, Value>>,
+    last_index: Cell<u64>,
+    event_id_high_water: Cell<u64>,
 }
 
 impl MemStore {
@@ -20,18 +23,30 @@ impl MemStore {
         MemStore::default()
     }
 
-    pub fn apply(&self, batch: WriteBatch) {
+    /// Applies a command at once (there is no log: the next index is the command's). Returns
+    /// its index.
+    pub fn apply(&self, command: &Command) -> u64 {
+        let index = self.last_index.get() + 1;
+        self.last_index.set(index);
         let mut map = self.map.borrow_mut();
-        for op in batch.ops {
-            match op {
-                WriteOp::Put(key, value) => {
-                    map.insert(key, value);
+        match command {
+            Command::Store {
+                messages,
+                event_id_high_water,
+            } => {
+                for (key, value) in messages {
+                    map.insert(key.to_key(), value.clone());
                 }
-                WriteOp::Delete(key) => {
-                    map.remove(&key);
+                let high = self.event_id_high_water.get().max(*event_id_high_water);
+                self.event_id_high_water.set(high);
+            }
+            Command::Delete { keys } => {
+                for key in keys {
+                    map.remove(key.as_bytes().as_slice());
                 }
             }
         }
+        index
     }
 
     pub fn scan_now(&self, start: &[u8], end: Option<&[u8]>, limit: usize) -> Vec<(Key, Value)> {
@@ -69,9 +84,12 @@ impl MemStore {
 }
 
 impl Store for MemStore {
-    async fn write(&self, batch: WriteBatch, _sync: Sync) -> Result<(), StoreError> {
-        self.apply(batch);
-        Ok(())
+    async fn commit(&self, command: &Command, _sync: Sync) -> Result<u64, StoreError> {
+        Ok(self.apply(command))
+    }
+
+    fn event_id_high_water(&self) -> u64 {
+        self.event_id_high_water.get()
     }
 
     async fn scan(

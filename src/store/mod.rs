@@ -7,8 +7,9 @@
 //! store answers at once.
 //!
 //! Contract every engine keeps:
-//! - `write` applies a batch atomically: after a crash either all of it or none of it is visible;
-//!   with [`Sync::Durable`] it resolves only once the batch is on stable storage.
+//! - `commit` applies a [`Command`] atomically, in commit order: after a crash either all of it or
+//!   none of it is visible; with [`Sync::Durable`] it resolves only once the command is on stable
+//!   storage. It is the only way to change a store.
 //! - `scan` returns keys in byte order within `[start, end)`, at most `limit` of them, from one
 //!   consistent snapshot; callers page by resuming after the last key returned.
 //! - `first_key` is a cheap seek: the first key in `[start, end)` without reading its value.
@@ -20,6 +21,7 @@ pub use memory::MemStore;
 use std::future::Future;
 
 use crate::key::Key;
+use crate::log::Command;
 use crate::message::Value;
 
 /// How far a write must get before it resolves.
@@ -31,7 +33,7 @@ pub enum Sync {
     Buffered,
 }
 
-/// One change in a write batch.
+/// One change in a write batch: what the engine's memtable applies for a [`Command`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum WriteOp {
     Put(Key, Value),
@@ -46,7 +48,7 @@ impl WriteOp {
     }
 }
 
-/// An atomic group of puts and deletes.
+/// An atomic group of puts and deletes (the memtable's form of one command).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WriteBatch {
     pub ops: Vec<WriteOp>,
@@ -84,13 +86,30 @@ pub enum StoreError {
     },
     #[error("corrupt data in {file}: {what}")]
     Corrupt { file: String, what: String },
+    /// Damage in the command log that cannot be a torn write: start-up stops, nothing on disk
+    /// was changed.
+    #[error("corrupt WAL record in {file} at byte {offset}: {reason}; {evidence}, so this is not a torn tail: refusing to start (no file was changed)")]
+    LogCorrupt {
+        file: String,
+        offset: u64,
+        reason: String,
+        evidence: String,
+    },
     #[error("store is closed")]
     Closed,
 }
 
 /// A shard's key-value storage engine. See the module docs for the contract.
 pub trait Store {
-    fn write(&self, batch: WriteBatch, sync: Sync) -> impl Future<Output = Result<(), StoreError>>;
+    /// Commits one command (see the module docs); returns its log index.
+    fn commit(
+        &self,
+        command: &Command,
+        sync: Sync,
+    ) -> impl Future<Output = Result<u64, StoreError>>;
+
+    /// The highest event id any committed command assigned (0 for a new store).
+    fn event_id_high_water(&self) -> u64;
 
     /// `end == None` means unbounded.
     fn scan(

@@ -1,13 +1,13 @@
 //! The write-ahead log: record codec (pure) and the group-commit writer (glommio shell).
 //!
-//! Owns the segment files `wal-<first seq>.log` of one shard. Every [`WriteBatch`] becomes one
-//! record, so a batch is recovered whole or not at all:
+//! The standalone [`super::Log`]: owns the segment files `wal-<first seq>.log` of one shard.
+//! Every [`Command`] becomes one record whose sequence number is its log index, so a command is
+//! recovered whole or not at all:
 //!
 //! ```text
 //! record = len u32 LE | crc32c u32 LE | seq u64 LE | payload[len]
 //! crc    = crc32c(len bytes ‖ seq bytes ‖ payload)
-//! payload = op_count u32 | op*      op = 1 u8 | key_len u16 | key | val_len u32 | value   (put)
-//!                                        2 u8 | key_len u16 | key                         (delete)
+//! payload = the command's own encoding (see `super::command`, checksummed again)
 //! ```
 //!
 //! Sequence numbers are consecutive across segments: recovery applies a record only if it is
@@ -40,22 +40,16 @@ use std::rc::Rc;
 
 use glommio::io::DmaFile;
 
-use super::io::{self as dio, WRITE_ALIGN};
-use super::io_error;
-use super::signal::Signal;
-use crate::key::Key;
-use crate::message::Value;
-use crate::store::{StoreError, WriteBatch, WriteOp};
+use super::command::Command;
+use crate::storage::io::{self as dio, WRITE_ALIGN};
+use crate::storage::io_error;
+use crate::storage::signal::Signal;
+use crate::store::StoreError;
 
 /// Bytes of a record header: `len u32 | crc u32 | seq u64`.
 pub const RECORD_HEADER_BYTES: usize = 16;
-/// Largest record payload accepted (one batch).
+/// Largest record payload accepted (one command).
 pub const RECORD_PAYLOAD_MAX: usize = 1 << 30;
-/// Largest key the log (and the tables) can frame.
-pub const KEY_BYTES_MAX: usize = u16::MAX as usize;
-
-const OP_PUT: u8 = 1;
-const OP_DELETE: u8 = 2;
 
 /// Why bytes are not a valid record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,76 +62,28 @@ pub enum DecodeError {
     Checksum { stored: u32, computed: u32 },
     #[error("padding holds non-zero bytes at offset {offset}")]
     DirtyPadding { offset: usize },
-    #[error("batch payload malformed: {what}")]
-    BadPayload { what: &'static str },
 }
 
-/// Why a batch cannot be framed.
+/// Why a command cannot be framed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EncodeError {
-    #[error("key of {len} bytes exceeds the limit of {KEY_BYTES_MAX}")]
-    KeyTooLong { len: usize },
-    #[error("batch of {len} bytes exceeds the record limit of {RECORD_PAYLOAD_MAX}")]
-    BatchTooLarge { len: usize },
+    #[error("command of {len} bytes exceeds the record limit of {RECORD_PAYLOAD_MAX}")]
+    CommandTooLarge { len: usize },
 }
 
-/// Encoded size of a batch's payload.
-pub fn payload_len(batch: &WriteBatch) -> usize {
-    4 + batch
-        .ops
-        .iter()
-        .map(|op| match op {
-            WriteOp::Put(key, value) => 1 + 2 + key.len() + 4 + value.len(),
-            WriteOp::Delete(key) => 1 + 2 + key.len(),
-        })
-        .sum::<usize>()
-}
-
-/// Checks that a batch can be framed (key and record sizes).
-pub fn check_batch(batch: &WriteBatch) -> Result<usize, EncodeError> {
-    for op in &batch.ops {
-        if op.key().len() > KEY_BYTES_MAX {
-            return Err(EncodeError::KeyTooLong {
-                len: op.key().len(),
-            });
-        }
-    }
-    let len = payload_len(batch);
+/// Appends one framed record holding `command` (log index `seq`) to `out`. Returns the bytes
+/// appended.
+pub fn encode_record(seq: u64, command: &Command, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
+    let len = command.encoded_len();
     if len > RECORD_PAYLOAD_MAX {
-        return Err(EncodeError::BatchTooLarge { len });
+        return Err(EncodeError::CommandTooLarge { len });
     }
-    Ok(len)
-}
-
-/// Appends one framed record for `batch` to `out`. Returns the bytes appended.
-pub fn encode_record(
-    seq: u64,
-    batch: &WriteBatch,
-    out: &mut Vec<u8>,
-) -> Result<usize, EncodeError> {
-    let len = check_batch(batch)?;
     let start = out.len();
     out.reserve(RECORD_HEADER_BYTES + len);
     out.extend_from_slice(&(len as u32).to_le_bytes());
     out.extend_from_slice(&[0u8; 4]);
     out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(&(batch.ops.len() as u32).to_le_bytes());
-    for op in &batch.ops {
-        match op {
-            WriteOp::Put(key, value) => {
-                out.push(OP_PUT);
-                out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-                out.extend_from_slice(key);
-                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-                out.extend_from_slice(value.as_bytes());
-            }
-            WriteOp::Delete(key) => {
-                out.push(OP_DELETE);
-                out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-                out.extend_from_slice(key);
-            }
-        }
-    }
+    command.encode(out);
     debug_assert_eq!(out.len() - start, RECORD_HEADER_BYTES + len);
     let crc = record_crc(&out[start..start + 4], &out[start + 8..]);
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
@@ -201,71 +147,6 @@ pub fn decode_frame(buf: &[u8]) -> Result<Frame<'_>, DecodeError> {
         },
         total,
     ))
-}
-
-/// A cursor over a payload that refuses to read past its end.
-struct Reader<'a> {
-    buf: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
-        if self.buf.len() < n {
-            return Err(DecodeError::BadPayload { what });
-        }
-        let (head, tail) = self.buf.split_at(n);
-        self.buf = tail;
-        Ok(head)
-    }
-
-    fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
-        Ok(self.take(1, what)?[0])
-    }
-
-    fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
-        let b = self.take(2, what)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
-    }
-
-    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
-        let b = self.take(4, what)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-}
-
-/// Decodes a record payload back into its batch (values are copied into aligned buffers).
-pub fn decode_batch(payload: &[u8]) -> Result<WriteBatch, DecodeError> {
-    let mut r = Reader { buf: payload };
-    let count = r.u32("op count")? as usize;
-    // Each op takes at least 3 bytes: refuse counts the payload cannot hold before allocating.
-    if count > r.buf.len() / 3 {
-        return Err(DecodeError::BadPayload {
-            what: "op count exceeds payload",
-        });
-    }
-    let mut batch = WriteBatch {
-        ops: Vec::with_capacity(count),
-    };
-    for _ in 0..count {
-        let kind = r.u8("op kind")?;
-        let key_len = r.u16("key length")? as usize;
-        let key = Key::from_slice(r.take(key_len, "key bytes")?);
-        match kind {
-            OP_PUT => {
-                let val_len = r.u32("value length")? as usize;
-                let value = Value::copy_from_slice(r.take(val_len, "value bytes")?);
-                batch.ops.push(WriteOp::Put(key, value));
-            }
-            OP_DELETE => batch.ops.push(WriteOp::Delete(key)),
-            _ => return Err(DecodeError::BadPayload { what: "op kind" }),
-        }
-    }
-    if !r.buf.is_empty() {
-        return Err(DecodeError::BadPayload {
-            what: "trailing bytes after the last op",
-        });
-    }
-    Ok(batch)
 }
 
 /// How a segment scan ended.
@@ -364,6 +245,34 @@ impl<'a> SegmentReader<'a> {
     }
 }
 
+/// The first intact record that starts after byte `from` of a segment and whose sequence
+/// number is above `after_seq`: evidence that damage at `from` is not a torn tail. Pure.
+///
+/// Tries every byte offset, because a flipped length field hides where the next record starts.
+/// A candidate must frame a plausible length and a sequence number within 2^32 of `after_seq`
+/// before its checksum is computed, so the search stays linear on real segments. Runs only
+/// when recovery met damage.
+pub fn find_intact_record(bytes: &[u8], from: usize, after_seq: u64) -> Option<(usize, u64)> {
+    let end = bytes.len().checked_sub(RECORD_HEADER_BYTES)?;
+    for at in from.saturating_add(1)..=end {
+        let h = &bytes[at..at + RECORD_HEADER_BYTES];
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        if len < 4 || len > bytes.len() - at - RECORD_HEADER_BYTES {
+            continue;
+        }
+        let mut raw = [0u8; 8];
+        raw.copy_from_slice(&h[8..16]);
+        let seq = u64::from_le_bytes(raw);
+        if seq <= after_seq || seq - after_seq > u32::MAX as u64 {
+            continue;
+        }
+        if let Ok(Frame::Record(record, _)) = decode_frame(&bytes[at..]) {
+            return Some((at, record.seq));
+        }
+    }
+    None
+}
+
 /// File name of the segment whose first record has sequence number `first_seq`.
 pub fn segment_name(first_seq: u64) -> String {
     format!("wal-{first_seq:020}.log")
@@ -411,7 +320,8 @@ struct OpenSegment {
 pub struct SegmentMeta {
     pub first_seq: u64,
     pub path: PathBuf,
-    /// Record bytes appended to it (before padding).
+    /// Bytes it takes on disk: records appended plus the padding of the writes that carried
+    /// them (segment rollover and the WAL cap count these, not just record bytes).
     pub bytes: u64,
 }
 
@@ -524,9 +434,9 @@ impl Wal {
         Ok(())
     }
 
-    /// Encodes `batch` as the next record and queues it for the writer. No I/O, no await: the
-    /// caller applies the batch to the memtable right after, in the same order.
-    pub fn append(&self, batch: &WriteBatch) -> Result<u64, StoreError> {
+    /// Encodes `command` as the next record and queues it for the writer. No I/O, no await: the
+    /// caller applies the command right after, in the same order. Returns its log index.
+    pub fn append(&self, command: &Command) -> Result<u64, StoreError> {
         self.check()?;
         let mut st = self.state.borrow_mut();
         let seq = st.next_seq;
@@ -559,7 +469,7 @@ impl Wal {
             .pending
             .back_mut()
             .ok_or_else(|| io_error(&self.dir, std::io::Error::other("no pending chunk")))?;
-        let len = encode_record(seq, batch, &mut chunk.bytes).map_err(|e| {
+        let len = encode_record(seq, command, &mut chunk.bytes).map_err(|e| {
             io_error(
                 &self.dir,
                 std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
@@ -619,7 +529,7 @@ impl Wal {
         self.wait_durable(last).await
     }
 
-    /// Record bytes in live segments: what recovery would replay.
+    /// Bytes of live segments, padding included: what recovery would read.
     pub fn live_bytes(&self) -> u64 {
         self.state.borrow().segments.iter().map(|s| s.bytes).sum()
     }
@@ -795,6 +705,15 @@ impl Wal {
                 let mut st = self.state.borrow_mut();
                 st.counters.bytes_written += written as u64;
                 st.counters.writes += 1;
+                // The segment's size counts what reached the disk: the padding too.
+                let padding = (written - chunk.bytes.len()) as u64;
+                if let Some(meta) = st
+                    .segments
+                    .iter_mut()
+                    .find(|m| m.first_seq == chunk.segment_first_seq)
+                {
+                    meta.bytes += padding;
+                }
             }
         }
         if let Some(seg) = current.as_ref() {
@@ -808,17 +727,21 @@ impl Wal {
 mod tests {
     use super::*;
 
-    fn key(bytes: &[u8]) -> Key {
-        Key::from_slice(bytes)
+    use crate::key::{EventKey, TopicHash};
+    use crate::message::Value;
+
+    fn key(id: u64) -> EventKey {
+        EventKey::new(TopicHash(3), 1, id)
     }
 
-    fn sample_batch() -> WriteBatch {
-        let mut batch = WriteBatch::new();
-        batch.put(key(&[1; 24]), Value::copy_from_slice(b"hello world"));
-        batch.delete(key(&[2; 24]));
-        batch.put(key(&[0xFF, 1]), Value::copy_from_slice(&7u64.to_be_bytes()));
-        batch.put(key(b""), Value::copy_from_slice(b""));
-        batch
+    fn sample_batch() -> Command {
+        Command::Store {
+            messages: vec![
+                (key(1), Value::copy_from_slice(b"hello world")),
+                (key(2), Value::copy_from_slice(b"")),
+            ],
+            event_id_high_water: 2,
+        }
     }
 
     #[test]
@@ -827,12 +750,12 @@ mod tests {
         let mut out = Vec::new();
         let len = encode_record(42, &batch, &mut out).unwrap();
         assert_eq!(len, out.len());
-        assert_eq!(len, RECORD_HEADER_BYTES + payload_len(&batch));
+        assert_eq!(len, RECORD_HEADER_BYTES + batch.encoded_len());
         match decode_frame(&out).unwrap() {
             Frame::Record(record, used) => {
                 assert_eq!(used, len);
                 assert_eq!(record.seq, 42);
-                assert_eq!(decode_batch(record.payload).unwrap(), batch);
+                assert_eq!(Command::decode(record.payload).unwrap(), batch);
             }
             Frame::Padding => panic!("record decoded as padding"),
         }
@@ -841,11 +764,11 @@ mod tests {
     #[test]
     fn empty_batch_is_a_valid_record() {
         let mut out = Vec::new();
-        encode_record(1, &WriteBatch::new(), &mut out).unwrap();
+        encode_record(1, &Command::Delete { keys: vec![] }, &mut out).unwrap();
         let Frame::Record(record, _) = decode_frame(&out).unwrap() else {
             panic!("expected a record")
         };
-        assert!(decode_batch(record.payload).unwrap().is_empty());
+        assert!(Command::decode(record.payload).unwrap().is_empty());
     }
 
     #[test]
@@ -877,18 +800,6 @@ mod tests {
         for cut in 0..out.len() {
             assert!(decode_frame(&out[..cut]).is_err(), "cut at {cut} accepted");
         }
-    }
-
-    #[test]
-    fn malformed_payloads_are_refused() {
-        assert!(decode_batch(&[]).is_err());
-        assert!(decode_batch(&[1, 0, 0, 0]).is_err());
-        assert!(decode_batch(&[0xFF, 0xFF, 0xFF, 0xFF, 1, 2, 3]).is_err());
-        // One put with an unknown op kind.
-        assert!(decode_batch(&[1, 0, 0, 0, 9, 0, 0]).is_err());
-        // Trailing garbage after a valid delete.
-        assert!(decode_batch(&[1, 0, 0, 0, 2, 1, 0, 5, 6]).is_err());
-        assert!(decode_batch(&[1, 0, 0, 0, 2, 1, 0, 5]).is_ok());
     }
 
     #[test]
@@ -939,10 +850,12 @@ mod tests {
     #[test]
     fn segment_reader_skips_padding_shorter_than_a_header() {
         for short in 1..=RECORD_HEADER_BYTES {
-            // One put with a 1-byte key: record = 16 header + 4 count + 8 op framing + value.
-            let value_len = WRITE_ALIGN - short - RECORD_HEADER_BYTES - 12;
-            let mut batch = WriteBatch::new();
-            batch.put(key(b"k"), Value::copy_from_slice(&vec![7u8; value_len]));
+            // One message: record = 16 header + 6 command header + 12 + 24 key + 4 len + value.
+            let value_len = WRITE_ALIGN - short - RECORD_HEADER_BYTES - 46;
+            let batch = Command::Store {
+                messages: vec![(key(1), Value::copy_from_slice(&vec![7u8; value_len]))],
+                event_id_high_water: 1,
+            };
             let mut seg = Vec::new();
             encode_record(1, &batch, &mut seg).unwrap();
             assert_eq!(seg.len(), WRITE_ALIGN - short);
@@ -960,20 +873,6 @@ mod tests {
                 "padding of {short} bytes"
             );
         }
-    }
-
-    #[test]
-    fn oversized_keys_are_refused_before_encoding() {
-        let mut batch = WriteBatch::new();
-        batch.delete(Key::from_slice(&vec![0u8; KEY_BYTES_MAX + 1]));
-        let mut out = Vec::new();
-        assert_eq!(
-            encode_record(1, &batch, &mut out),
-            Err(EncodeError::KeyTooLong {
-                len: KEY_BYTES_MAX + 1
-            })
-        );
-        assert!(out.is_empty());
     }
 
     #[test]

@@ -1,0 +1,236 @@
+//! [`LsmStore`]: a shard's standalone durable state, the command log (the WAL) in front of the
+//! LSM [`Engine`], behind [`crate::store::Store`].
+//!
+//! A commit is `admit` (the engine's bound on frozen memtables) → `Log::propose` (the record is
+//! queued for the next group commit) → `Engine::apply` under the index it got (same synchronous
+//! step, so apply order is log order) → for `Sync::Durable`, `Log::wait_durable`. One fdatasync
+//! per group commit covers every command in it; nothing is synced twice.
+//!
+//! Open: the engine loads its manifest and tables, the log is replayed past the manifest's
+//! `applied_index` into the engine, and only once both were read without error are orphan files
+//! removed and a torn tail cut (see `crate::log::recovery`): a refused start changes no file.
+//!
+//! Reclaim: when a flush commits, the log drops the segments the tables now cover (a small task
+//! waits on the engine's flush signal). The log-size cap (`wal_bytes_max`, padding included)
+//! freezes the memtable even when it is not full, so publish/ACK pairs that annihilate cannot
+//! grow the log without bound.
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::rc::Rc;
+
+use super::engine::{Engine, LsmEnv, LsmOptions, LsmStats, Opened};
+use super::io as dio;
+use crate::key::Key;
+use crate::log::{recovery, Command, Log, Wal};
+use crate::message::Value;
+use crate::store::{Store, StoreError, Sync};
+
+/// The io_uring LSM store of one shard with its standalone command log. Create it on the
+/// shard's executor with [`LsmStore::open`]; use it through [`Store`]; end with
+/// [`LsmStore::close`].
+pub struct LsmStore {
+    engine: Rc<Engine>,
+    wal: Rc<Wal>,
+    wal_bytes_max: u64,
+    reclaimer: RefCell<Option<glommio::task::JoinHandle<()>>>,
+}
+
+impl LsmStore {
+    /// Opens (or creates) the store in `dir`, recovering what a previous run left. Must run on a
+    /// glommio executor.
+    pub async fn open(dir: impl AsRef<Path>, options: LsmOptions) -> Result<LsmStore, StoreError> {
+        LsmStore::open_with(dir, options, LsmEnv::default()).await
+    }
+
+    /// [`LsmStore::open`] with an injected clock and/or background task queue.
+    pub async fn open_with(
+        dir: impl AsRef<Path>,
+        options: LsmOptions,
+        env: LsmEnv,
+    ) -> Result<LsmStore, StoreError> {
+        let segment_bytes_max = options.wal_segment_bytes_max;
+        let preallocate_bytes = options.wal_preallocate_bytes;
+        let wal_bytes_max = options.wal_bytes_max;
+        let Opened {
+            engine,
+            applied_index,
+            orphans,
+        } = Engine::open_with(dir, options, env).await?;
+        let mut log = recovery::recover(engine.dir(), applied_index, |index, command| {
+            engine.apply(index, &command);
+        })
+        .await?;
+        // Everything was read without error: only now may files change.
+        engine.remove_orphans(&orphans)?;
+        log.finish(engine.dir())?;
+        engine.note_log_recovery(&log.report);
+        let wal = Rc::new(Wal::new(
+            engine.dir(),
+            log.next_index,
+            log.live_segments,
+            segment_bytes_max,
+            preallocate_bytes,
+        ));
+        wal.start();
+        engine.start()?;
+        let engine = Rc::new(engine);
+        let reclaimer = glommio::spawn_local(reclaim(Rc::clone(&engine), Rc::clone(&wal))).detach();
+        Ok(LsmStore {
+            engine,
+            wal,
+            wal_bytes_max,
+            reclaimer: RefCell::new(Some(reclaimer)),
+        })
+    }
+
+    /// Appends `command` to the log and applies it; with `Sync::Durable`, resolves after the
+    /// fdatasync that covers it. Returns the command's log index.
+    pub async fn commit(&self, command: &Command, sync: Sync) -> Result<u64, StoreError> {
+        let turn = self.engine.admit().await?;
+        if command.is_empty() {
+            drop(turn);
+            let last = self.wal.next_seq().saturating_sub(1);
+            if sync == Sync::Durable {
+                self.wal.sync_all().await?;
+            }
+            return Ok(last);
+        }
+        let index = self.wal.propose(command)?;
+        let froze = self.engine.apply(index, command);
+        let over_cap = self.engine.nothing_frozen() && self.wal.live_bytes() >= self.wal_bytes_max;
+        if froze || (over_cap && self.engine.freeze()) {
+            // A segment's records then belong to as few memtables as possible and can be
+            // released together.
+            self.wal.roll();
+        }
+        drop(turn);
+        if sync == Sync::Durable {
+            Log::wait_durable(&*self.wal, index).await?;
+        }
+        Ok(index)
+    }
+
+    /// Freezes the active memtable (if it holds anything) and waits until every frozen memtable
+    /// is in a table.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.wal.roll();
+        self.engine.flush().await
+    }
+
+    /// Merges every table into one now (drops all droppable tombstones and expired messages).
+    pub async fn compact_all(&self) -> Result<(), StoreError> {
+        self.engine.compact_all().await
+    }
+
+    /// Resolves once everything committed so far is on stable storage.
+    pub async fn sync(&self) -> Result<(), StoreError> {
+        self.engine.check_writable()?;
+        self.wal.sync_all().await
+    }
+
+    /// Graceful shutdown: refuses new writes, flushes the memtable (if `flush_on_close`), syncs
+    /// the log and stops the background tasks. Later calls return `StoreError::Closed`.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        let flush = self.engine.flush_on_close();
+        self.shutdown(flush).await
+    }
+
+    /// Shutdown that leaves the memtable in the log, as a crash would (minus a torn tail): the
+    /// next open replays it. For recovery tests and tools.
+    pub async fn close_unflushed(&self) -> Result<(), StoreError> {
+        self.shutdown(false).await
+    }
+
+    async fn shutdown(&self, flush: bool) -> Result<(), StoreError> {
+        let result = self.engine.begin_close(flush).await;
+        if matches!(result, Err(StoreError::Closed)) {
+            return result;
+        }
+        let wal_result = self.wal.shutdown().await;
+        let covered = self.wal.compact_through(self.engine.flushed_index());
+        self.engine.finish_close().await;
+        if let Some(task) = self.reclaimer.borrow_mut().take() {
+            task.cancel();
+        }
+        for path in covered {
+            dio::remove(&path).await?;
+        }
+        result.and(wal_result)
+    }
+
+    /// Counters and sizes of the engine and the log, for metrics and benches.
+    pub fn stats(&self) -> LsmStats {
+        let wal = self.wal.counters();
+        LsmStats {
+            wal_records: wal.records,
+            wal_record_bytes: wal.record_bytes,
+            wal_bytes_written: wal.bytes_written,
+            wal_zero_fill_bytes: wal.zero_fill_bytes,
+            wal_writes: wal.writes,
+            wal_fsyncs: wal.fsyncs,
+            wal_live_bytes: self.wal.live_bytes(),
+            wal_segments: self.wal.live_segments(),
+            ..self.engine.stats()
+        }
+    }
+
+    /// The directory this store lives in.
+    pub fn dir(&self) -> &Path {
+        self.engine.dir()
+    }
+
+    /// True when no flush is pending and the log writer is idle (tests and benches).
+    pub fn is_quiet(&self) -> bool {
+        self.engine.is_quiet() && self.wal.is_idle()
+    }
+}
+
+impl Drop for LsmStore {
+    fn drop(&mut self) {
+        // Without close(): the log writer still writes what is pending, then stops.
+        self.wal.request_shutdown();
+    }
+}
+
+/// Drops the log segments the tables cover, after every flush.
+async fn reclaim(engine: Rc<Engine>, wal: Rc<Wal>) {
+    loop {
+        engine.flushed().await;
+        if engine.check_writable().is_err() {
+            return;
+        }
+        for path in wal.compact_through(engine.flushed_index()) {
+            if let Err(e) = dio::remove(&path).await {
+                tracing::warn!(file = %path.display(), error = %e, "could not remove a WAL segment the tables cover; the next start will");
+            }
+        }
+    }
+}
+
+impl Store for LsmStore {
+    async fn commit(&self, command: &Command, sync: Sync) -> Result<u64, StoreError> {
+        LsmStore::commit(self, command, sync).await
+    }
+
+    async fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Key, Value)>, StoreError> {
+        self.engine.scan(start, end, limit).await
+    }
+
+    async fn first_key(&self, start: &[u8], end: Option<&[u8]>) -> Result<Option<Key>, StoreError> {
+        self.engine.first_key(start, end).await
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        self.engine.get(key).await
+    }
+
+    fn event_id_high_water(&self) -> u64 {
+        self.engine.event_id_high_water()
+    }
+}
