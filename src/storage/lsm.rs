@@ -19,8 +19,9 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::rc::Rc;
 
-use super::engine::{Engine, LsmEnv, LsmOptions, LsmStats, Opened};
+use super::engine::{Engine, LsmEnv, LsmStats, Opened};
 use super::io as dio;
+use super::options::LsmOptions;
 use crate::key::Key;
 use crate::log::{recovery, Command, Log, Wal};
 use crate::message::Value;

@@ -27,13 +27,15 @@ pub mod lsm;
 pub mod manifest;
 pub mod memtable;
 pub mod merge;
+pub mod options;
 pub mod recovery;
 pub(crate) mod signal;
 pub mod table;
 
 pub use compaction::{Choice, CompactionConfig, TableSummary};
-pub use engine::{Clock, Engine, LsmEnv, LsmOptions, LsmStats, ManualClock, SystemClock};
+pub use engine::{Engine, LsmEnv, LsmStats};
 pub use lsm::LsmStore;
+pub use options::{Clock, LsmOptions, ManualClock, SystemClock};
 pub use recovery::RecoveryReport;
 
 use crate::store::StoreError;

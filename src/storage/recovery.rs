@@ -16,9 +16,9 @@
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use super::engine::LsmOptions;
 use super::io as dio;
 use super::manifest::{self, Manifest, MANIFEST_TMP_FILE};
+use super::options::LsmOptions;
 use super::table::{parse_table_name, table_name, Table};
 use super::{corrupt, io_error};
 use crate::store::StoreError;
