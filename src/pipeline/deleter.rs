@@ -12,7 +12,9 @@
 //! messages cannot pile up in memory faster than they are deleted; the deleter itself never
 //! refuses a key (an ACK must not fail because deletes are slow).
 //!
-//! A failed batch goes back to the front of the queue and is counted. Keys are deduplicated: the
+//! A failed batch goes back to the front of the queue and is counted; the next cut then waits for
+//! the interval even if a full batch is waiting, so a failing store is retried once an interval,
+//! not in a loop. Keys are deduplicated: the
 //! dispatcher and the janitor may both find the same expired key, and it is deleted once. In
 //! clustered mode a batch is a Raft `DeleteBatch` command; standalone it is one store write.
 
@@ -50,6 +52,8 @@ pub struct Deleter {
     batches_out: usize,
     keys_out: usize,
     last_cut_ms: u64,
+    /// A batch failed since the last cut: the next one waits for the interval.
+    backing_off: bool,
     pub failures_total: u64,
     pub batches_total: u64,
     pub keys_total: u64,
@@ -69,6 +73,7 @@ impl Deleter {
             batches_out: 0,
             keys_out: 0,
             last_cut_ms: now_ms,
+            backing_off: false,
             failures_total: 0,
             batches_total: 0,
             keys_total: 0,
@@ -115,7 +120,7 @@ impl Deleter {
         if self.batches_out >= self.limits.batches_in_flight_max || self.queue.is_empty() {
             return None;
         }
-        if self.queue.len() >= self.limits.batch_keys_max {
+        if self.queue.len() >= self.limits.batch_keys_max && !self.backing_off {
             return Some(self.last_cut_ms);
         }
         Some(self.last_cut_ms.saturating_add(self.limits.interval_ms))
@@ -144,6 +149,7 @@ impl Deleter {
         self.batches_out += 1;
         self.keys_out += keys.len();
         self.last_cut_ms = now_ms;
+        self.backing_off = false;
         DeleteBatch { keys }
     }
 
@@ -170,6 +176,7 @@ impl Deleter {
         for key in batch.keys.into_iter().rev() {
             self.queue.push_front(key);
         }
+        self.backing_off = true;
         self.failures_total += 1;
     }
 
@@ -275,9 +282,9 @@ mod tests {
         assert_eq!(deleter.backlog(), 9);
         assert_eq!(deleter.batches_out(), 2);
         assert_eq!(
-            deleter.take_batch(0).unwrap(),
+            deleter.take_batch(100).unwrap(),
             batches[0],
-            "the failed batch goes first"
+            "the failed batch goes first, an interval later"
         );
         deleter.on_applied(&batches[1]);
         deleter.on_applied(&batches[3]);
@@ -312,7 +319,7 @@ mod tests {
     }
 
     #[test]
-    fn failed_flush_is_requeued_first_and_counted() {
+    fn failed_flush_is_requeued_first_counted_and_retried_after_the_interval() {
         let mut deleter = deleter(10, 2, 1);
         for i in 0..3 {
             deleter.mark(key(i));
@@ -320,7 +327,24 @@ mod tests {
         let batch = deleter.take_batch(0).unwrap();
         deleter.on_failed(batch.clone());
         assert_eq!(deleter.failures_total, 1);
-        assert_eq!(deleter.take_batch(0).unwrap(), batch);
+        assert_eq!(
+            deleter.take_batch(9),
+            None,
+            "a full batch waits for the interval after a failure"
+        );
+        assert_eq!(deleter.take_batch(10).unwrap(), batch);
+        deleter.on_applied(&batch);
+        assert_eq!(
+            deleter.next_flush_ms(),
+            Some(20),
+            "a success ends the back-off"
+        );
+        deleter.mark(key(3));
+        assert_eq!(
+            deleter.take_batch(10).unwrap().keys.len(),
+            2,
+            "full: at once"
+        );
     }
 
     #[test]

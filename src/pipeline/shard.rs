@@ -1242,6 +1242,12 @@ impl ShardCore {
     // ---- figures -------------------------------------------------------------------------
 
     pub fn stats(&self) -> ShardStats {
+        assert!(
+            self.deleting_entries <= self.inflight.len(),
+            "{} entries counted as deleting, {} in the table",
+            self.deleting_entries,
+            self.inflight.len()
+        );
         ShardStats {
             counters: self.counters.clone(),
             in_flight: self.inflight.len() - self.deleting_entries,
