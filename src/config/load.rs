@@ -42,6 +42,8 @@ const TTL_SWEEP_INTERVAL_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 const TIME_BUCKET_MAX: Duration = Duration::from_secs(3600);
 const GROUP_RETENTION_MAX: Duration = Duration::from_secs(365 * 24 * 3600);
 const DELETE_BATCH_KEYS_LIMIT: usize = 1_000_000;
+const DELETE_BATCHES_IN_FLIGHT_LIMIT: usize = 64;
+const DELETE_BACKLOG_KEYS_LIMIT: usize = 1 << 24;
 const CONSUMER_QUEUE_LEN_LIMIT: usize = 1 << 20;
 const UNACKED_PER_CONSUMER_LIMIT: usize = 1 << 24;
 const RETRY_LEN_LIMIT: usize = 1 << 24;
@@ -137,6 +139,8 @@ struct RawDelivery {
     in_flight_timeout: Option<DurationValue>,
     delete_batch_interval: Option<DurationValue>,
     delete_batch_max_keys: Option<u64>,
+    delete_batches_in_flight: Option<u64>,
+    delete_backlog_max_keys: Option<u64>,
     ttl_sweep_interval: Option<DurationValue>,
     consumer_queue_size: Option<u64>,
     time_bucket: Option<DurationValue>,
@@ -711,6 +715,18 @@ impl ConfigLoader {
                 d.delete_batch_keys_max,
                 DELETE_BATCH_KEYS_LIMIT,
             )?,
+            delete_batches_in_flight_max: self.count(
+                "delivery.deleteBatchesInFlight",
+                raw.delete_batches_in_flight,
+                d.delete_batches_in_flight_max,
+                DELETE_BATCHES_IN_FLIGHT_LIMIT,
+            )?,
+            delete_backlog_keys_max: self.count(
+                "delivery.deleteBacklogMaxKeys",
+                raw.delete_backlog_max_keys,
+                d.delete_backlog_keys_max,
+                DELETE_BACKLOG_KEYS_LIMIT,
+            )?,
             ttl_sweep_interval_ms: self.millis(
                 "delivery.ttlSweepInterval",
                 raw.ttl_sweep_interval,
@@ -902,6 +918,22 @@ impl ConfigLoader {
     /// points at the line to change.
     fn check_across_keys(&self, config: &Config) -> Result<(), ConfigError> {
         let set_by_operator = |key: &str| self.origin(key) != Origin::Default;
+
+        let delivery = &config.delivery;
+        if delivery.delete_backlog_keys_max < delivery.delete_batch_keys_max {
+            let blamed = if set_by_operator("delivery.deleteBacklogMaxKeys") {
+                "delivery.deleteBacklogMaxKeys"
+            } else {
+                "delivery.deleteBatchMaxKeys"
+            };
+            return Err(self.invalid(
+                blamed,
+                format!(
+                    "delivery.deleteBacklogMaxKeys ({}) must be at least delivery.deleteBatchMaxKeys ({}): dispatch pauses at the backlog bound, so a smaller bound never lets a full batch form and every delete would wait for deleteBatchInterval",
+                    delivery.delete_backlog_keys_max, delivery.delete_batch_keys_max
+                ),
+            ));
+        }
 
         if config.storage.engine == StorageEngine::Lsm {
             let message = config.publish.message_bytes_max as u64;
@@ -1115,6 +1147,8 @@ impl Config {
              inFlightTimeout = {}\n\
              deleteBatchInterval = {}\n\
              deleteBatchMaxKeys = {}\n\
+             deleteBatchesInFlight = {}\n\
+             deleteBacklogMaxKeys = {}\n\
              ttlSweepInterval = {}\n\
              consumerQueueSize = {}\n\
              timeBucket = {}\n\
@@ -1141,6 +1175,8 @@ impl Config {
             duration(d.in_flight_timeout_ms),
             duration(d.delete_batch_interval_ms),
             d.delete_batch_keys_max,
+            d.delete_batches_in_flight_max,
+            d.delete_backlog_keys_max,
             duration(d.ttl_sweep_interval_ms),
             d.consumer_queue_len_max,
             duration(d.time_bucket_ms),
@@ -1251,7 +1287,7 @@ mod tests {
             assert!(section_keys(section).is_some(), "{section}");
         }
         let delivery = section_keys("delivery").unwrap();
-        assert_eq!(delivery.len(), 11);
+        assert_eq!(delivery.len(), 13);
         assert!(delivery.contains(&"inFlightTimeout"));
         assert!(delivery.contains(&"ttlSweepInterval"));
         assert!(delivery.contains(&"maxUnackedPerConsumer"));
@@ -1266,7 +1302,7 @@ mod tests {
                 "numa"
             ]
         );
-        assert_eq!(all_keys().len(), 11 + 3 + 6 + 3);
+        assert_eq!(all_keys().len(), 13 + 3 + 6 + 3);
     }
 
     #[test]
@@ -1276,6 +1312,8 @@ mod tests {
             ("delivery", "inFlightTimeout", "\"0ms\""),
             ("delivery", "deleteBatchInterval", "0"),
             ("delivery", "deleteBatchMaxKeys", "0"),
+            ("delivery", "deleteBatchesInFlight", "0"),
+            ("delivery", "deleteBacklogMaxKeys", "0"),
             ("delivery", "ttlSweepInterval", "\"0s\""),
             ("delivery", "consumerQueueSize", "0"),
             ("delivery", "timeBucket", "\"0ms\""),
@@ -1421,6 +1459,14 @@ mod tests {
                 "delivery.scanBatchSize",
             ),
             (
+                "[delivery]\ndeleteBatchesInFlight = 65\n",
+                "delivery.deleteBatchesInFlight",
+            ),
+            (
+                "[delivery]\ndeleteBacklogMaxKeys = 100000000\n",
+                "delivery.deleteBacklogMaxKeys",
+            ),
+            (
                 "[publish]\nmaxBatchMessages = 2000000\n",
                 "publish.maxBatchMessages",
             ),
@@ -1452,6 +1498,25 @@ mod tests {
             let err = error_from_toml(text);
             assert_names_key(&err, key);
         }
+    }
+
+    #[test]
+    fn a_delete_backlog_smaller_than_a_delete_batch_is_rejected_naming_the_key_that_was_set() {
+        let err = error_from_toml("[delivery]\ndeleteBacklogMaxKeys = 1000\n");
+        assert_names_key(&err, "delivery.deleteBacklogMaxKeys");
+        assert!(
+            err.to_string()
+                .contains("must be at least delivery.deleteBatchMaxKeys (16384)"),
+            "{err}"
+        );
+        let err = error_from_toml("[delivery]\ndeleteBatchMaxKeys = 500000\n");
+        assert_names_key(&err, "delivery.deleteBatchMaxKeys");
+        let config = from_toml(
+            "[delivery]\ndeleteBatchMaxKeys = 100\ndeleteBacklogMaxKeys = 100\ndeleteBatchesInFlight = 1\n",
+        )
+        .unwrap();
+        assert_eq!(config.delivery.delete_backlog_keys_max, 100);
+        assert_eq!(config.delivery.delete_batches_in_flight_max, 1);
     }
 
     #[test]
@@ -1540,6 +1605,8 @@ mod tests {
             ("PINQ_DELIVERY_IN_FLIGHT_TIMEOUT", "2s"),
             ("PINQ_DELIVERY_DELETE_BATCH_INTERVAL", "100ms"),
             ("PINQ_DELIVERY_DELETE_BATCH_MAX_KEYS", "2048"),
+            ("PINQ_DELIVERY_DELETE_BATCHES_IN_FLIGHT", "2"),
+            ("PINQ_DELIVERY_DELETE_BACKLOG_MAX_KEYS", "8192"),
             ("PINQ_DELIVERY_TTL_SWEEP_INTERVAL", "30s"),
             ("PINQ_DELIVERY_CONSUMER_QUEUE_SIZE", "64"),
             ("PINQ_DELIVERY_TIME_BUCKET", "10ms"),
@@ -1577,6 +1644,8 @@ mod tests {
                 in_flight_timeout_ms: 2_000,
                 delete_batch_interval_ms: 100,
                 delete_batch_keys_max: 2048,
+                delete_batches_in_flight_max: 2,
+                delete_backlog_keys_max: 8192,
                 ttl_sweep_interval_ms: 30_000,
                 consumer_queue_len_max: 64,
                 time_bucket_ms: 10,

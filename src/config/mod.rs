@@ -38,6 +38,12 @@ pub struct DeliveryConfig {
     pub delete_batch_interval_ms: u64,
     /// `delivery.deleteBatchMaxKeys`: keys per delete flush; a full batch flushes at once.
     pub delete_batch_keys_max: usize,
+    /// `delivery.deleteBatchesInFlight`: delete batches written at once (one group commit of the
+    /// WAL can cover several).
+    pub delete_batches_in_flight_max: usize,
+    /// `delivery.deleteBacklogMaxKeys`: keys waiting for deletion (queued or in batches not yet
+    /// applied) at which dispatch pauses on the shard until the deletes catch up.
+    pub delete_backlog_keys_max: usize,
     /// `delivery.ttlSweepInterval`: how often the janitor sweeps the whole shard.
     pub ttl_sweep_interval_ms: u64,
     /// `delivery.consumerQueueSize`: bounded queue of each consumer.
@@ -60,7 +66,9 @@ impl Default for DeliveryConfig {
             dispatch_poll_interval_ms: 50,
             in_flight_timeout_ms: 5_000,
             delete_batch_interval_ms: 500,
-            delete_batch_keys_max: 1024,
+            delete_batch_keys_max: 16_384,
+            delete_batches_in_flight_max: 4,
+            delete_backlog_keys_max: 262_144,
             ttl_sweep_interval_ms: 60_000,
             consumer_queue_len_max: 1024,
             time_bucket_ms: 1,

@@ -77,6 +77,11 @@ const COUNTERS: &[(&str, &str, Read)] = &[
         |s| s.stats.deleted_keys_total,
     ),
     (
+        "pinq_dispatch_paused_delete_backlog",
+        "Times dispatch paused because the keys waiting for deletion reached delivery.deleteBacklogMaxKeys (pause episodes; no scans or redeliveries until applied deletes bring the backlog under the bound).",
+        |s| s.stats.counters.delete_backlog_pauses_total,
+    ),
+    (
         "pinq_unreadable_values",
         "Stored values that did not decode and were skipped.",
         |s| s.stats.counters.unreadable_values_total,
@@ -125,7 +130,7 @@ const LABELLED_COUNTERS: &[Labelled] = &[
 const GAUGES: &[(&str, &str, Read)] = &[
     (
         "pinq_messages_in_flight",
-        "Messages with at least one copy delivered or waiting for redelivery (in-flight table entries).",
+        "Messages dispatched with at least one copy not yet settled (held by a consumer, waiting for redelivery, or NACK-delayed); messages whose copies are all ACKed or forgotten and only wait for their delete are in pinq_delete_backlog_keys.",
         |s| s.stats.in_flight as u64,
     ),
     (
@@ -137,6 +142,11 @@ const GAUGES: &[(&str, &str, Read)] = &[
         "pinq_delete_queue_keys",
         "Keys waiting for the next delete batch.",
         |s| s.stats.delete_queued as u64,
+    ),
+    (
+        "pinq_delete_backlog_keys",
+        "Keys waiting for deletion: queued, or in delete batches not yet applied. Dispatch pauses at delivery.deleteBacklogMaxKeys.",
+        |s| s.stats.delete_backlog as u64,
     ),
     (
         "pinq_pending_copies",
@@ -311,6 +321,8 @@ mod tests {
         snap.stats.counters.acked_total = 3;
         snap.stats.counters.redeliveries_nack_total = 2;
         snap.stats.in_flight = 5;
+        snap.stats.delete_backlog = 9;
+        snap.stats.counters.delete_backlog_pauses_total = 4;
         let mut recorder = ShardRecorder::default();
         recorder.publish_latency.record(300);
         snap.histograms = recorder.snapshot();
@@ -334,6 +346,8 @@ mod tests {
         assert!(page.contains("pinq_consumer_ack_total{shard=\"0\",result=\"acked\"} 3\n"));
         assert!(page.contains("pinq_redeliveries_total{shard=\"1\",reason=\"nack\"} 2\n"));
         assert!(page.contains("pinq_messages_in_flight{shard=\"0\"} 5\n"));
+        assert!(page.contains("pinq_delete_backlog_keys{shard=\"0\"} 9\n"));
+        assert!(page.contains("pinq_dispatch_paused_delete_backlog_total{shard=\"1\"} 4\n"));
         assert!(page.contains("# TYPE pinq_publish_latency_seconds histogram"));
         assert!(page.contains("pinq_publish_latency_seconds_count{shard=\"1\"} 1\n"));
         assert!(

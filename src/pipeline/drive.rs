@@ -6,6 +6,7 @@
 
 use std::cell::RefCell;
 
+use super::deleter::DeleteBatch;
 use super::shard::{PublishError, PublishMessage, ShardCore};
 use crate::config::AckLevel;
 use crate::key::EventKey;
@@ -78,8 +79,20 @@ pub async fn dispatch_pass<S: Store>(
     Ok(core.borrow().productive())
 }
 
-/// Flushes one delete batch if one is due. Deletes are durable: an applied delete survives a
-/// crash, so an ACKed message is not redelivered after a restart. Returns whether a batch went out.
+/// What one applied delete batch did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeleteApplied {
+    /// Keys the batch deleted.
+    pub keys: usize,
+    /// The batch brought the delete backlog under its bound while dispatch was paused on it: the
+    /// shell must wake its dispatcher.
+    pub dispatch_resumed: bool,
+}
+
+/// Flushes every due delete batch, one at a time (each write awaited before the next is cut).
+/// Deletes are durable: an applied delete survives a crash, so an ACKed message is not
+/// redelivered after a restart. Returns whether a batch went out. The shell writes batches
+/// concurrently instead ([`take_delete_batches`], [`write_delete_batch`]).
 pub async fn flush_deletes<S: Store>(
     core: &RefCell<ShardCore>,
     store: &S,
@@ -91,25 +104,54 @@ pub async fn flush_deletes<S: Store>(
 }
 
 /// Flushes one delete batch: a due one, or with `force` any waiting keys at once (shutdown).
-/// Returns the number of keys the applied batch deleted, `None` when no batch went out.
+/// Returns what the applied batch did, `None` when no batch went out.
 pub async fn flush_delete_batch<S: Store>(
     core: &RefCell<ShardCore>,
     store: &S,
     now_ms: u64,
     force: bool,
-) -> Result<Option<usize>, StoreError> {
-    let batch = if force {
-        core.borrow_mut().take_delete_batch_now(now_ms)
-    } else {
-        core.borrow_mut().take_delete_batch(now_ms)
-    };
-    let Some(batch) = batch else {
+) -> Result<Option<DeleteApplied>, StoreError> {
+    let Some(batch) = take_delete_batches(core, now_ms, force, 1).pop() else {
         return Ok(None);
     };
+    write_delete_batch(core, store, batch).await.map(Some)
+}
+
+/// Cuts up to `batches_max` delete batches: the due ones, or with `force` any waiting keys at
+/// once (shutdown). The core stops at `deleteBatchesInFlight` batches out; each batch taken must
+/// be handed to [`write_delete_batch`], which settles it.
+pub fn take_delete_batches(
+    core: &RefCell<ShardCore>,
+    now_ms: u64,
+    force: bool,
+    batches_max: usize,
+) -> Vec<DeleteBatch> {
+    let mut core = core.borrow_mut();
+    std::iter::from_fn(|| {
+        if force {
+            core.take_delete_batch_now(now_ms)
+        } else {
+            core.take_delete_batch(now_ms)
+        }
+    })
+    .take(batches_max)
+    .collect()
+}
+
+/// Writes one delete batch durably and settles it in the core: applied, or back to the front of
+/// the queue on failure. Several of these may be awaited at once (one per batch out).
+pub async fn write_delete_batch<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    batch: DeleteBatch,
+) -> Result<DeleteApplied, StoreError> {
     match store.commit(&batch.command(), Sync::Durable).await {
         Ok(_) => {
-            core.borrow_mut().on_delete_applied(&batch);
-            Ok(Some(batch.keys.len()))
+            let dispatch_resumed = core.borrow_mut().on_delete_applied(&batch);
+            Ok(DeleteApplied {
+                keys: batch.keys.len(),
+                dispatch_resumed,
+            })
         }
         Err(error) => {
             core.borrow_mut().on_delete_failed(batch);

@@ -9,6 +9,14 @@
 //! Leases and NACK delays are kept in a min-heap of timers, so finding what to redeliver costs
 //! O(timers due), never a walk of the table. Timers are never removed in place: each copy carries a
 //! `generation` bumped on every change, and a popped timer whose generation is stale is dropped.
+//! An ACK leaves its lease timer behind until the deadline, so under load most of the heap is
+//! stale; [`InFlight::schedule`] rebuilds it with only live timers once it is more than twice the
+//! live count found by the last rebuild plus [`TIMERS_REBUILD_FLOOR_LEN`], which keeps pushes
+//! amortised O(1) and the heap within a constant of the live timers.
+//!
+//! Memory follows the live load, not its peak: an entry drops its value once every copy is done
+//! (it only waits for its delete then), and the table and heap shrink after a drain
+//! ([`super::memory::give_back`]).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -17,6 +25,7 @@ use ahash::AHashMap;
 use smallvec::SmallVec;
 
 use super::hub::{ConsumerId, RecipientId};
+use super::memory::give_back;
 use crate::key::EventKey;
 use crate::message::Value;
 
@@ -51,7 +60,8 @@ impl Copy {
 }
 
 pub struct Entry {
-    pub value: Value,
+    /// The stored message; `None` once every copy is done (nothing will hand it out again).
+    pub value: Option<Value>,
     pub expires_at_ms: Option<u64>,
     pub copies: SmallVec<[Copy; 2]>,
     /// Every copy is done (or the message expired): the key is with the deleter.
@@ -81,10 +91,15 @@ pub struct Timer {
     pub generation: u64,
 }
 
+/// The heap is not rebuilt below this many timers (a rebuild would free almost nothing).
+pub const TIMERS_REBUILD_FLOOR_LEN: usize = 1024;
+
 #[derive(Default)]
 pub struct InFlight {
     pub entries: AHashMap<EventKey, Entry>,
     timers: BinaryHeap<Reverse<Timer>>,
+    /// Live timers found by the last rebuild: the heap is rebuilt past twice this plus the floor.
+    timers_live_at_rebuild: usize,
     next_generation: u64,
 }
 
@@ -99,7 +114,23 @@ impl InFlight {
     }
 
     pub fn schedule(&mut self, timer: Timer) {
+        if self.timers.len()
+            >= self
+                .timers_live_at_rebuild
+                .saturating_mul(2)
+                .saturating_add(TIMERS_REBUILD_FLOOR_LEN)
+        {
+            self.drop_stale_timers();
+        }
         self.timers.push(Reverse(timer));
+    }
+
+    /// Rebuilds the heap with only the timers whose copy has not changed since they were set.
+    fn drop_stale_timers(&mut self) {
+        let entries = &self.entries;
+        self.timers.retain(|Reverse(timer)| is_live(entries, timer));
+        self.timers_live_at_rebuild = self.timers.len();
+        give_back(&mut self.timers);
     }
 
     /// The earliest timer, stale or not (a stale one only causes an early, empty wake-up).
@@ -114,16 +145,24 @@ impl InFlight {
                 return None;
             }
             self.timers.pop();
-            let live = self
-                .entries
-                .get(&timer.key)
-                .and_then(|e| e.copies.iter().find(|c| c.recipient == timer.recipient))
-                .is_some_and(|c| c.generation == timer.generation);
-            if live {
+            if is_live(&self.entries, &timer) {
                 return Some(timer);
             }
+            give_back(&mut self.timers);
         }
         None
+    }
+
+    /// Removes an entry (its delete was applied); the table shrinks after a drain.
+    pub fn remove(&mut self, key: &EventKey) -> Option<Entry> {
+        let entry = self.entries.remove(key)?;
+        give_back(&mut self.entries);
+        Some(entry)
+    }
+
+    /// Capacity of the table and of the timer heap (memory accounting, tests).
+    pub fn capacities(&self) -> (usize, usize) {
+        (self.entries.capacity(), self.timers.capacity())
     }
 
     pub fn timers_len(&self) -> usize {
@@ -137,4 +176,12 @@ impl InFlight {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+}
+
+/// Whether `timer`'s copy still exists with the generation the timer was set for.
+fn is_live(entries: &AHashMap<EventKey, Entry>, timer: &Timer) -> bool {
+    entries
+        .get(&timer.key)
+        .and_then(|e| e.copies.iter().find(|c| c.recipient == timer.recipient))
+        .is_some_and(|c| c.generation == timer.generation)
 }

@@ -20,14 +20,15 @@ pub mod drive;
 pub mod hub;
 pub mod inflight;
 pub mod janitor;
+pub mod memory;
 pub mod shard;
 
 pub use deleter::DeleteBatch;
 pub use dispatcher::ScanRequest;
 pub use hub::{ConsumerId, RecipientId};
 pub use shard::{
-    ConsumerError, Counters, Delivery, PublishError, PublishMessage, ShardCore, ShardStats,
-    StoreBatch, TagResult,
+    Capacities, ConsumerError, Counters, Delivery, PublishError, PublishMessage, ShardCore,
+    ShardStats, StoreBatch, TagResult,
 };
 
 #[allow(unused_imports)]

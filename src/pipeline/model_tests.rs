@@ -151,6 +151,9 @@ impl Model {
             unacked_per_consumer_max: rng.usize(1..=6),
             retry_len_max: rng.usize(2..=32),
             scan_batch_len_max: rng.usize(1..=8),
+            delete_batches_in_flight_max: rng.usize(1..=3),
+            // Small enough that the delete-backlog pause happens in most runs.
+            delete_backlog_keys_max: rng.usize(8..=32),
         };
         let topics = rng.usize(2..=3);
         let sim = Sim::new(cfg.clone());

@@ -10,17 +10,26 @@
 //! The shell (`super::drive` helpers, driven by a glommio task per shard) calls, in a loop:
 //! `plan_pass` → scans → `on_scan`, `take_delete_batch` → write → `on_delete_applied`, the janitor
 //! pages, `drain` for consumers in `take_ready`, and sleeps until `next_wake_ms`.
+//!
+//! Backpressure: while the deleter's backlog (keys queued or in delete batches not yet applied)
+//! is at or over `deleteBacklogMaxKeys`, `plan_pass` does nothing: no scans, no retry lists, no
+//! timers. Consumers drain what is already queued for them and then get nothing new, so their
+//! ACKs, and with them the backlog, stop growing; producers slow down as the store fills. The
+//! backlog can pass the bound only by copies already handed out when the pause began and by
+//! expired keys the janitor finds. The applied delete that brings the backlog under the bound
+//! wakes the dispatcher (`on_delete_applied` returns `true`, and sets `wake`).
 
 use std::sync::Arc;
 
 use ahash::{AHashMap, AHashSet};
 use smallvec::SmallVec;
 
-use super::deleter::{DeleteBatch, Deleter};
+use super::deleter::{DeleteBatch, Deleter, DeleterLimits};
 use super::dispatcher::{ScanRequest, TopicDispatch, Unapplied};
 use super::hub::{ConsumerId, Hub, Queued, RecipientId, RecipientKind};
 use super::inflight::{Copy, CopyState, Entry, InFlight, Timer};
 use super::janitor::{Janitor, SweepPage};
+use super::memory::give_back;
 use crate::config::{AckLevel, DeliveryConfig, PublishConfig};
 use crate::key::{
     self, due_bucket, due_bucket_bound, topic_end, EventKey, Key, KeyError, TopicHash,
@@ -157,19 +166,35 @@ pub struct Counters {
     pub consumer_queue_full_total: u64,
     pub unreadable_values_total: u64,
     pub groups_forgotten_total: u64,
+    /// Times dispatch paused because the delete backlog reached `deleteBacklogMaxKeys` (pause
+    /// episodes, not passes skipped).
+    pub delete_backlog_pauses_total: u64,
 }
 
 /// A snapshot of a shard's figures.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ShardStats {
     pub counters: Counters,
+    /// Messages dispatched with at least one copy not yet settled (Pending, Delayed or Held):
+    /// entries whose copies are all done and only wait for their delete are not counted.
     pub in_flight: usize,
     pub active_consumers: usize,
     pub delete_batches_total: u64,
     pub deleted_keys_total: u64,
     pub delete_failures_total: u64,
     pub delete_queued: usize,
+    /// Keys not yet deleted: queued, or in delete batches not yet applied.
+    pub delete_backlog: usize,
     pub pending_copies: usize,
+}
+
+/// Capacities of the tables that grow with load (memory accounting, tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capacities {
+    pub in_flight_entries: usize,
+    pub timers: usize,
+    pub delete_queue: usize,
+    pub delete_known: usize,
 }
 
 pub struct ShardCore {
@@ -184,6 +209,11 @@ pub struct ShardCore {
     unapplied: Unapplied,
     deleter: Deleter,
     janitor: Janitor,
+    /// In-flight entries marked `deleting` (all copies done, or expired), kept so `stats` need
+    /// not walk the table.
+    deleting_entries: usize,
+    /// The last pass found the delete backlog at its bound and did nothing.
+    paused: bool,
     ready: AHashSet<ConsumerId>,
     /// Something happened that the next pass should act on at once.
     wake: bool,
@@ -199,8 +229,12 @@ impl ShardCore {
                 delivery.unacked_per_consumer_max,
             ),
             deleter: Deleter::new(
-                delivery.delete_batch_interval_ms,
-                delivery.delete_batch_keys_max,
+                DeleterLimits {
+                    interval_ms: delivery.delete_batch_interval_ms,
+                    batch_keys_max: delivery.delete_batch_keys_max,
+                    batches_in_flight_max: delivery.delete_batches_in_flight_max,
+                    backlog_keys_max: delivery.delete_backlog_keys_max,
+                },
                 now_ms,
             ),
             janitor: Janitor::new(
@@ -216,6 +250,8 @@ impl ShardCore {
             inflight: InFlight::new(),
             topics: AHashMap::new(),
             unapplied: Unapplied::default(),
+            deleting_entries: 0,
+            paused: false,
             ready: AHashSet::new(),
             wake: false,
             productive: false,
@@ -467,9 +503,13 @@ impl ShardCore {
                 expired.push(key);
                 continue;
             }
+            // A held copy is not done, so its entry is not deleting and still has its value.
+            let Some(value) = entry.value.clone() else {
+                continue;
+            };
             out.push(Delivery {
                 key,
-                value: entry.value.clone(),
+                value,
                 attempt,
             });
         }
@@ -697,10 +737,20 @@ impl ShardCore {
     fn complete_if_done(&mut self, key: EventKey) {
         if let Some(entry) = self.inflight.entries.get_mut(&key) {
             if !entry.deleting && entry.all_done() {
-                entry.deleting = true;
+                Self::mark_deleting(entry, &mut self.deleting_entries);
                 self.deleter.mark(key);
             }
         }
+    }
+
+    /// The entry only waits for its delete now: nothing hands its value out again, so it is
+    /// dropped here rather than when the (possibly much later) delete is applied.
+    fn mark_deleting(entry: &mut Entry, deleting_entries: &mut usize) {
+        if !entry.deleting {
+            entry.deleting = true;
+            *deleting_entries += 1;
+        }
+        entry.value = None;
     }
 
     /// An expired message: every copy is dropped and the key goes to the deleter.
@@ -716,7 +766,7 @@ impl ShardCore {
                     copy.state = CopyState::Forgotten;
                 }
             }
-            entry.deleting = true;
+            Self::mark_deleting(entry, &mut self.deleting_entries);
         }
         self.deleter.mark(key);
     }
@@ -765,11 +815,21 @@ impl ShardCore {
     // ---- dispatch passes -----------------------------------------------------------------
 
     /// Starts a dispatch pass: releases timed-out leases and ended NACK delays, serves retry
-    /// lists, forgets groups past their retention, and returns the scans to run.
+    /// lists, forgets groups past their retention, and returns the scans to run. While the delete
+    /// backlog is at its bound the pass does none of that and returns no scans (module docs).
     pub fn plan_pass(&mut self, now_ms: u64) -> Vec<ScanRequest> {
         let now_ms = self.tick(now_ms);
         self.wake = false;
         self.productive = false;
+
+        if self.deleter.is_over_backlog() {
+            if !self.paused {
+                self.paused = true;
+                self.counters.delete_backlog_pauses_total += 1;
+            }
+            return Vec::new();
+        }
+        self.paused = false;
 
         while let Some(timer) = self.inflight.pop_due_timer(now_ms) {
             let state = self
@@ -926,6 +986,7 @@ impl ShardCore {
             }
             if let Some(r) = self.hub.recipients.get_mut(&recipient) {
                 r.pending.pop_front();
+                give_back(&mut r.pending);
             }
         }
     }
@@ -982,7 +1043,7 @@ impl ShardCore {
             self.inflight.entries.insert(
                 key,
                 Entry {
-                    value: value.clone(),
+                    value: Some(value.clone()),
                     expires_at_ms: message.expires_at_ms(),
                     copies,
                     deleting: false,
@@ -1041,6 +1102,11 @@ impl ShardCore {
         }
         let bucket_ms = self.delivery.time_bucket_ms.max(1);
         let mut at = now_ms.saturating_add(self.delivery.dispatch_poll_interval_ms);
+        if self.paused {
+            // Nothing is due until deletes catch up, and the delete that brings the backlog under
+            // its bound sets `wake`: waking for due timers or buckets now would only spin.
+            return at;
+        }
         for (name, topic) in &self.topics {
             let served = self
                 .hub
@@ -1074,9 +1140,21 @@ impl ShardCore {
 
     // ---- deleter -------------------------------------------------------------------------
 
+    /// Takes a due delete batch if fewer than `deleteBatchesInFlight` are out; call again until
+    /// `None` to fill every slot.
     pub fn take_delete_batch(&mut self, now_ms: u64) -> Option<DeleteBatch> {
         let now_ms = self.tick(now_ms);
         self.deleter.take_batch(now_ms)
+    }
+
+    /// When the next delete batch is due, if keys wait and a batch slot is free.
+    pub fn next_delete_ms(&self) -> Option<u64> {
+        self.deleter.next_flush_ms()
+    }
+
+    /// Whether the last pass found the delete backlog at its bound (dispatch is paused).
+    pub fn dispatch_paused(&self) -> bool {
+        self.paused
     }
 
     /// Takes a delete batch at once, due or not (shutdown).
@@ -1090,11 +1168,16 @@ impl ShardCore {
         self.deleter.is_busy()
     }
 
-    /// The batch is applied: in-flight entries of its keys are removed.
-    pub fn on_delete_applied(&mut self, batch: &DeleteBatch) {
+    /// The batch is applied: in-flight entries of its keys are removed. Returns `true` when
+    /// dispatch was paused on the delete backlog and may resume now (the shell kicks its
+    /// dispatcher; `wake` is set for a shell that polls `next_pass_ms`).
+    pub fn on_delete_applied(&mut self, batch: &DeleteBatch) -> bool {
         self.deleter.on_applied(batch);
         for key in &batch.keys {
-            if let Some(entry) = self.inflight.entries.remove(key) {
+            if let Some(entry) = self.inflight.remove(key) {
+                if entry.deleting {
+                    self.deleting_entries -= 1;
+                }
                 for copy in &entry.copies {
                     if let CopyState::Held { consumer, .. } = copy.state {
                         if let Some(c) = self.hub.consumers.get_mut(&consumer) {
@@ -1104,6 +1187,11 @@ impl ShardCore {
                 }
             }
         }
+        let resumed = self.paused && !self.deleter.is_over_backlog();
+        if resumed {
+            self.wake = true;
+        }
+        resumed
     }
 
     pub fn on_delete_failed(&mut self, batch: DeleteBatch) {
@@ -1140,14 +1228,21 @@ impl ShardCore {
     // ---- figures -------------------------------------------------------------------------
 
     pub fn stats(&self) -> ShardStats {
+        assert!(
+            self.deleting_entries <= self.inflight.len(),
+            "{} entries counted as deleting, {} in the table",
+            self.deleting_entries,
+            self.inflight.len()
+        );
         ShardStats {
             counters: self.counters.clone(),
-            in_flight: self.inflight.len(),
+            in_flight: self.inflight.len() - self.deleting_entries,
             active_consumers: self.hub.consumers.len(),
             delete_batches_total: self.deleter.batches_total,
             deleted_keys_total: self.deleter.keys_total,
             delete_failures_total: self.deleter.failures_total,
             delete_queued: self.deleter.queued(),
+            delete_backlog: self.deleter.backlog(),
             pending_copies: self.hub.recipients.values().map(|r| r.pending.len()).sum(),
         }
     }
@@ -1167,6 +1262,24 @@ impl ShardCore {
     /// Number of timers in the heap, live or stale (for benchmarks and memory accounting).
     pub fn timers_len(&self) -> usize {
         self.inflight.timers_len()
+    }
+
+    /// Whether an in-flight entry for `key` still holds its value (`None`: no entry).
+    #[cfg(test)]
+    pub(crate) fn value_held(&self, key: &EventKey) -> Option<bool> {
+        self.inflight.entries.get(key).map(|e| e.value.is_some())
+    }
+
+    /// Capacities of the tables that grow with load (memory accounting, tests).
+    pub fn capacities(&self) -> Capacities {
+        let (in_flight_entries, timers) = self.inflight.capacities();
+        let (delete_queue, delete_known) = self.deleter.capacities();
+        Capacities {
+            in_flight_entries,
+            timers,
+            delete_queue,
+            delete_known,
+        }
     }
 }
 

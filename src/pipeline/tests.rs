@@ -2,10 +2,13 @@
 //! No sleeps, no sockets: every test is deterministic.
 
 use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 
-use futures_lite::future::block_on;
+use futures_lite::future::{block_on, poll_once};
 
-use super::drive;
+use super::drive::{self, DeleteApplied};
 use super::shard::{Delivery, PublishError, PublishMessage, ShardCore, TagResult};
 use super::ConsumerId;
 use crate::config::{AckLevel, DeliveryConfig, PublishConfig};
@@ -14,12 +17,14 @@ use crate::log::Command;
 use crate::message::{StoredMessage, Value};
 use crate::store::{MemStore, Store, StoreError, Sync};
 
-/// A store that records the rows it hands out and can be told to fail writes.
+/// A store that records the rows it hands out and can be told to fail writes, or to hold them
+/// (a held write stays pending, without a wake-up, until released and polled again).
 #[derive(Default)]
 pub(super) struct TestStore {
     pub inner: MemStore,
     pub read: RefCell<Vec<Key>>,
     pub fail_writes: RefCell<bool>,
+    pub hold_writes: RefCell<bool>,
 }
 
 impl Store for TestStore {
@@ -27,6 +32,14 @@ impl Store for TestStore {
         if *self.fail_writes.borrow() {
             return Err(StoreError::Closed);
         }
+        futures_lite::future::poll_fn(|_| {
+            if *self.hold_writes.borrow() {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await;
         self.inner.commit(command, sync).await
     }
 
@@ -1012,4 +1025,316 @@ fn a_publish_being_written_behind_the_cursor_does_not_make_the_dispatcher_spin()
     sim.core.borrow_mut().on_publish_applied(&slow);
     sim.settle();
     assert_eq!(sim.payloads(c), vec!["fast", "slow"]);
+}
+
+/// A delete write started and not yet finished.
+type Write<'a> = Pin<Box<dyn Future<Output = Result<DeleteApplied, StoreError>> + 'a>>;
+
+/// Starts writing every delete batch the core lets out now; each write is polled once (so a
+/// held store leaves it pending) and returned.
+fn start_delete_writes(sim: &Sim) -> Vec<Write<'_>> {
+    drive::take_delete_batches(&sim.core, sim.now_ms, false, usize::MAX)
+        .into_iter()
+        .map(|batch| {
+            let mut write: Write<'_> =
+                Box::pin(drive::write_delete_batch(&sim.core, &sim.store, batch));
+            assert!(
+                block_on(poll_once(&mut write)).is_none(),
+                "a held write does not finish"
+            );
+            write
+        })
+        .collect()
+}
+
+fn publish_many(sim: &Sim, topic: &str, n: usize) {
+    let messages: Vec<PublishMessage> = (0..n)
+        .map(|i| PublishMessage::new(topic, format!("{i}").as_bytes()))
+        .collect();
+    for chunk in messages.chunks(1000) {
+        block_on(drive::publish(
+            &sim.core,
+            &sim.store,
+            sim.now_ms,
+            chunk,
+            AckLevel::Durable,
+        ))
+        .unwrap();
+    }
+}
+
+#[test]
+fn several_delete_batches_are_out_at_once_and_each_settles_on_its_own() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 16,
+        delete_batch_keys_max: 2,
+        delete_batches_in_flight_max: 3,
+        ..config()
+    });
+    let c = sim.subscribe("t", "g");
+    let tags: Vec<EventKey> = (0..8).map(|i| sim.publish("t", &format!("{i}"))).collect();
+    sim.settle();
+    assert_eq!(keys(&sim.recv(c)), tags);
+    sim.ack(c, &tags);
+    *sim.store.hold_writes.borrow_mut() = true;
+    let mut writes = start_delete_writes(&sim);
+    assert_eq!(writes.len(), 3, "one write per slot, all out together");
+    let stats = sim.core.borrow().stats();
+    assert_eq!(stats.delete_queued, 2, "a full batch waits for a free slot");
+    assert_eq!(stats.delete_backlog, 8);
+    assert_eq!(
+        sim.core.borrow().next_delete_ms(),
+        None,
+        "no slot: no wake-up"
+    );
+    assert_eq!(sim.event_keys_stored(), 8, "nothing deleted while held");
+
+    *sim.store.hold_writes.borrow_mut() = false;
+    let last = writes.pop().unwrap();
+    assert_eq!(
+        block_on(last).unwrap().keys,
+        2,
+        "writes finish in any order"
+    );
+    assert_eq!(sim.event_keys_stored(), 6);
+    assert_eq!(
+        sim.core.borrow().next_delete_ms(),
+        Some(sim.now_ms),
+        "the freed slot takes the waiting full batch at once"
+    );
+    for write in writes {
+        block_on(write).unwrap();
+    }
+    assert_eq!(sim.flush_deletes(), 1);
+    assert_eq!(sim.event_keys_stored(), 0);
+    let stats = sim.core.borrow().stats();
+    assert_eq!(stats.delete_batches_total, 4);
+    assert_eq!(stats.delete_backlog, 0);
+    assert_eq!(stats.in_flight, 0);
+}
+
+#[test]
+fn the_delete_backlog_bound_pauses_dispatch_until_held_deletes_complete_and_nothing_is_lost() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 4,
+        delete_batch_keys_max: 4,
+        delete_batches_in_flight_max: 2,
+        delete_backlog_keys_max: 8,
+        ..config()
+    });
+    let c = sim.subscribe("t", "g");
+    publish_many(&sim, "t", 40);
+    let mut got: Vec<String> = Vec::new();
+    *sim.store.hold_writes.borrow_mut() = true;
+    let mut held: Vec<EventKey> = Vec::new();
+    // Two rounds of four: each ACKed round is a full batch, written (and held) at once.
+    for _ in 0..2 {
+        sim.settle();
+        let deliveries = sim.recv(c);
+        assert_eq!(deliveries.len(), 4);
+        got.extend(deliveries.iter().map(payload));
+        held.extend(keys(&deliveries));
+        sim.ack(c, &keys(&deliveries));
+    }
+    // The writes borrow the sim: they live in this scope, with the sim's clock standing still.
+    {
+        let writes = start_delete_writes(&sim);
+        assert_eq!(writes.len(), 2);
+        assert_eq!(sim.core.borrow().stats().delete_backlog, 8, "at the bound");
+
+        let dispatched = sim.core.borrow().stats().counters.dispatched_total;
+        for _ in 0..5 {
+            let productive =
+                block_on(drive::dispatch_pass(&sim.core, &sim.store, sim.now_ms)).unwrap();
+            assert!(!productive);
+        }
+        let stats = sim.core.borrow().stats();
+        assert_eq!(
+            stats.counters.dispatched_total, dispatched,
+            "nothing new handed out"
+        );
+        assert_eq!(
+            stats.counters.delete_backlog_pauses_total, 1,
+            "one pause episode"
+        );
+        assert_eq!(stats.delete_backlog, 8, "the backlog stays at its bound");
+        assert!(sim.core.borrow().dispatch_paused());
+        assert!(
+            sim.core.borrow().next_pass_ms() > sim.now_ms,
+            "a paused dispatcher does not spin"
+        );
+        assert!(sim
+            .core
+            .borrow_mut()
+            .drain(sim.now_ms, c, usize::MAX)
+            .is_empty());
+        assert!(
+            held.iter().all(|k| sim.stored(k)),
+            "held deletes not applied"
+        );
+
+        *sim.store.hold_writes.borrow_mut() = false;
+        let resumed: Vec<bool> = writes
+            .into_iter()
+            .map(|write| block_on(write).unwrap().dispatch_resumed)
+            .collect();
+        assert_eq!(
+            resumed,
+            vec![true, true],
+            "the first applied batch brings the backlog under the bound; so does the second"
+        );
+    }
+    assert!(held.iter().all(|k| !sim.stored(k)));
+    assert_eq!(
+        sim.core.borrow().next_pass_ms(),
+        sim.now_ms,
+        "the delete that lifted the pause wakes the dispatcher"
+    );
+    // Throughput recovers: everything else is delivered, ACKed and deleted.
+    for _ in 0..100 {
+        sim.settle();
+        let deliveries = sim.recv(c);
+        if deliveries.is_empty() {
+            break;
+        }
+        got.extend(deliveries.iter().map(payload));
+        sim.ack(c, &keys(&deliveries));
+        sim.advance(100);
+        sim.flush_deletes();
+    }
+    sim.advance(100);
+    sim.flush_deletes();
+    let mut expected: Vec<String> = (0..40).map(|i| format!("{i}")).collect();
+    expected.sort();
+    got.sort();
+    assert_eq!(got, expected, "every message delivered exactly once");
+    assert_eq!(sim.event_keys_stored(), 0);
+    assert!(!sim.core.borrow().dispatch_paused());
+}
+
+#[test]
+fn an_entry_drops_its_value_once_every_recipient_acked() {
+    let mut sim = Sim::new(config());
+    let a = sim.subscribe("t", "a");
+    let b = sim.subscribe("t", "b");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    sim.recv(a);
+    sim.recv(b);
+    sim.ack(a, &[tag]);
+    assert_eq!(
+        sim.core.borrow().value_held(&tag),
+        Some(true),
+        "b still holds it"
+    );
+    sim.ack(b, &[tag]);
+    assert_eq!(
+        sim.core.borrow().value_held(&tag),
+        Some(false),
+        "the entry waits for its delete without its value"
+    );
+    sim.advance(100);
+    sim.flush_deletes();
+    assert_eq!(sim.core.borrow().value_held(&tag), None);
+}
+
+#[test]
+fn an_expired_entry_drops_its_value_at_once() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    let tag = sim.publish_with("t", "m", 0, 50);
+    sim.settle();
+    sim.advance(60);
+    assert!(sim.recv(c).is_empty(), "expired in the queue");
+    assert_eq!(sim.core.borrow().value_held(&tag), Some(false));
+    assert_eq!(sim.core.borrow().stats().in_flight, 0);
+}
+
+#[test]
+fn in_flight_counts_messages_with_copies_not_yet_settled_not_those_waiting_for_their_delete() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 16,
+        ..config()
+    });
+    let c = sim.subscribe("t", "g");
+    let tags: Vec<EventKey> = (0..3).map(|i| sim.publish("t", &format!("{i}"))).collect();
+    sim.settle();
+    sim.recv(c);
+    assert_eq!(sim.core.borrow().stats().in_flight, 3);
+    sim.ack(c, &tags[..2]);
+    let stats = sim.core.borrow().stats();
+    assert_eq!(stats.in_flight, 1);
+    assert_eq!(stats.delete_backlog, 2);
+    sim.advance(100);
+    sim.flush_deletes();
+    let stats = sim.core.borrow().stats();
+    assert_eq!(stats.in_flight, 1);
+    assert_eq!(stats.delete_backlog, 0);
+}
+
+#[test]
+fn a_drained_in_flight_table_and_timer_heap_give_their_memory_back() {
+    let n = 20_000;
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 1 << 16,
+        unacked_per_consumer_max: 1 << 16,
+        scan_batch_len_max: 4096,
+        ..config()
+    });
+    let c = sim.subscribe("t", "g");
+    publish_many(&sim, "t", n);
+    sim.settle();
+    let deliveries = sim.recv(c);
+    assert_eq!(deliveries.len(), n);
+    let peak = sim.core.borrow().capacities();
+    assert!(peak.in_flight_entries >= n && peak.timers >= n, "{peak:?}");
+    for chunk in keys(&deliveries).chunks(1000) {
+        sim.ack(c, chunk);
+    }
+    // A full batch goes at once; the partial rest waits an interval after that cut.
+    sim.flush_deletes();
+    sim.advance(100);
+    sim.flush_deletes();
+    assert_eq!(sim.core.borrow().stats().delete_backlog, 0);
+    // The lease timers of the ACKed copies are stale; they go when their deadline is popped.
+    sim.advance(1_000);
+    sim.pass();
+    assert_eq!(sim.core.borrow().timers_len(), 0);
+    let after = sim.core.borrow().capacities();
+    assert!(
+        after.in_flight_entries < peak.in_flight_entries / 4,
+        "{peak:?} -> {after:?}"
+    );
+    assert!(after.timers < peak.timers / 4, "{peak:?} -> {after:?}");
+    assert!(
+        after.delete_queue < n / 4 && after.delete_known < n / 4,
+        "{after:?}"
+    );
+}
+
+#[test]
+fn repeated_touches_of_one_copy_do_not_grow_the_timer_heap_without_bound() {
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    sim.recv(c);
+    for _ in 0..10_000 {
+        let tags = [tag.as_bytes().as_slice()];
+        let results = sim.core.borrow_mut().touch(sim.now_ms, c, &tags).unwrap();
+        assert_eq!(results, vec![TagResult::Ok]);
+    }
+    let timers = sim.core.borrow().timers_len();
+    assert!(
+        timers <= 2 + super::inflight::TIMERS_REBUILD_FLOOR_LEN,
+        "{timers} timers for one live lease"
+    );
+    // The lease still holds, and still times out.
+    sim.advance(1_000);
+    sim.settle();
+    assert_eq!(
+        keys(&sim.recv(c)),
+        vec![tag],
+        "redelivered after the last touch's lease"
+    );
 }

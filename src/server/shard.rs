@@ -4,8 +4,9 @@
 //! Tasks of a shard (all on its pinned core, sharing one `Rc<Shard>`):
 //! - the dispatch loop (default queue): runs passes, routes deliveries to sinks, then sleeps until
 //!   the core's next wake-up or a kick (publish, subscribe, ACK, credit);
-//! - the deleter and janitor loops (background queue, lower shares): flush delete batches and
-//!   sweep for expired messages without starving dispatch;
+//! - the deleter and janitor loops (background queue, lower shares): flush delete batches (up to
+//!   `deleteBatchesInFlight` writes at once, one task each) and sweep for expired messages without
+//!   starving dispatch;
 //! - the metrics loop (background queue): once a second, copies the core's counters and the
 //!   shard's histograms into its metrics slot (`crate::metrics`), the only lock a shard takes;
 //! - one receive loop per peer shard, handling its [`ShardMsg`]s;
@@ -440,28 +441,25 @@ impl Shard {
         }
     }
 
-    /// The deleter loop: flushes delete batches on the interval, or at once when one is full.
+    /// The deleter loop: cuts delete batches on the interval, or at once when one is full, and
+    /// keeps up to `deleteBatchesInFlight` of them being written at once (each in its own task,
+    /// so the WAL's group commit covers several per fdatasync). A finished write kicks this loop
+    /// (a slot is free) and, when it lifted the delete-backlog pause, the dispatcher.
     pub async fn deleter_loop(self: Rc<Self>, kicks: LocalReceiver<()>) {
         let _running = InProgress::enter(&self.loops_running);
-        let interval = Duration::from_millis(self.delivery.delete_batch_interval_ms);
+        let interval_ms = self.delivery.delete_batch_interval_ms;
         while !self.draining.get() {
-            loop {
-                match drive::flush_delete_batch(&self.core, &self.store, now_ms(), false).await {
-                    Ok(Some(keys)) => {
-                        self.recorder
-                            .borrow_mut()
-                            .delete_batch_size
-                            .record(keys as u64);
-                        glommio::yield_if_needed().await;
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::warn!(shard = self.id, "delete flush failed, will retry: {e}");
-                        break;
-                    }
-                }
+            let now = now_ms();
+            let batches = drive::take_delete_batches(&self.core, now, false, usize::MAX);
+            for batch in batches {
+                self.spawn_delete_write(batch).detach();
             }
-            let sleep = glommio::timer::sleep(interval);
+            // Wake when the next batch is due, or on a kick (new keys, a write finished).
+            let sleep_ms = match self.core.borrow().next_delete_ms() {
+                Some(at) => at.saturating_sub(now).clamp(1, interval_ms),
+                None => interval_ms,
+            };
+            let sleep = glommio::timer::sleep(Duration::from_millis(sleep_ms));
             futures_lite::future::or(
                 async {
                     sleep.await;
@@ -472,6 +470,38 @@ impl Shard {
             )
             .await;
         }
+    }
+
+    /// Writes one delete batch in a task of its own; resolves to whether it was applied. The
+    /// task counts as a running loop, so the store is not closed under it.
+    fn spawn_delete_write(
+        self: &Rc<Self>,
+        batch: crate::pipeline::DeleteBatch,
+    ) -> glommio::Task<bool> {
+        let shard = self.clone();
+        glommio::spawn_local(async move {
+            let _writing = InProgress::enter(&shard.loops_running);
+            match drive::write_delete_batch(&shard.core, &shard.store, batch).await {
+                Ok(applied) => {
+                    shard
+                        .recorder
+                        .borrow_mut()
+                        .delete_batch_size
+                        .record(applied.keys as u64);
+                    if applied.dispatch_resumed {
+                        shard.dispatcher.kick();
+                    }
+                    // A batch slot is free: the next batch may be due at once.
+                    shard.deleter.kick();
+                    true
+                }
+                Err(e) => {
+                    // No kick: the keys are back in the queue, retried on the next wake-up.
+                    tracing::warn!(shard = shard.id, "delete flush failed, will retry: {e}");
+                    false
+                }
+            }
+        })
     }
 
     /// The janitor loop: a full sweep every `ttlSweepInterval`, yielding between pages.
@@ -537,18 +567,26 @@ impl Shard {
             self.close_sink(sink);
         }
         while self.core.borrow().deletes_busy() && Instant::now() < deadline {
-            match drive::flush_delete_batch(&self.core, &self.store, now_ms(), true).await {
-                Ok(Some(keys)) => self
-                    .recorder
-                    .borrow_mut()
-                    .delete_batch_size
-                    .record(keys as u64),
-                // The deleter loop has a batch out: wait for it.
-                Ok(None) => glommio::timer::sleep(Duration::from_millis(1)).await,
-                Err(e) => {
-                    tracing::warn!(shard = self.id, "delete flush at shutdown failed: {e}");
-                    glommio::timer::sleep(Duration::from_millis(10)).await;
-                }
+            let batches = drive::take_delete_batches(&self.core, now_ms(), true, usize::MAX);
+            if batches.is_empty() {
+                // Every slot is taken by writes the deleter loop started: wait for them.
+                glommio::timer::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
+            let writes: Vec<glommio::Task<bool>> = batches
+                .into_iter()
+                .map(|batch| self.spawn_delete_write(batch))
+                .collect();
+            let mut failed = false;
+            for write in writes {
+                failed |= !write.await;
+            }
+            if failed {
+                tracing::warn!(
+                    shard = self.id,
+                    "a delete flush at shutdown failed, retrying"
+                );
+                glommio::timer::sleep(Duration::from_millis(10)).await;
             }
         }
         if self.core.borrow().deletes_busy() {
