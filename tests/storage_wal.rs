@@ -130,3 +130,37 @@ fn roll_starts_a_new_segment_and_release_returns_old_ones() {
         wal.shutdown().await.expect("shutdown");
     });
 }
+
+#[test]
+fn appends_wait_for_room_once_the_unwritten_bytes_reach_the_buffer_bound() {
+    // `leader` publishes do not wait for their fdatasync: without this bound the log's pending
+    // bytes (and the length of one group commit) grew with the load.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        dio::probe_disk(&path).await.expect("probe");
+        let wal = Rc::new(Wal::new(&path, 1, Vec::new(), 64 << 20, 1 << 20));
+        // 3 MiB commands: one fits the 4 MiB buffer, a second must wait for the writer.
+        let big = Command::Store {
+            messages: vec![(
+                EventKey::new(TopicHash(0), 0, 1),
+                Value::copy_from_slice(&vec![7u8; 3 << 20]),
+            )],
+            event_id_high_water: 1,
+        };
+        let units = wal.reserve(&big).await.expect("room for the first");
+        wal.append_reserved(&big, units).expect("append");
+        let second = wal.reserve(&big);
+        futures_lite::pin!(second);
+        assert!(
+            futures_lite::future::poll_once(&mut second).await.is_none(),
+            "no room until the first is written"
+        );
+        wal.start();
+        let units = second.await.expect("room once the writer wrote the first");
+        let seq = wal.append_reserved(&big, units).expect("append");
+        wal.wait_durable(seq).await.expect("durable");
+        assert_eq!(wal.counters().records, 2);
+        wal.shutdown().await.expect("shutdown");
+    });
+}

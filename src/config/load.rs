@@ -1506,7 +1506,7 @@ mod tests {
         assert_names_key(&err, "delivery.deleteBacklogMaxKeys");
         assert!(
             err.to_string()
-                .contains("must be at least delivery.deleteBatchMaxKeys (16384)"),
+                .contains("must be at least delivery.deleteBatchMaxKeys (65536)"),
             "{err}"
         );
         let err = error_from_toml("[delivery]\ndeleteBatchMaxKeys = 500000\n");

@@ -66,7 +66,7 @@ impl Default for DeliveryConfig {
             dispatch_poll_interval_ms: 50,
             in_flight_timeout_ms: 5_000,
             delete_batch_interval_ms: 500,
-            delete_batch_keys_max: 16_384,
+            delete_batch_keys_max: 65_536,
             delete_batches_in_flight_max: 4,
             delete_backlog_keys_max: 262_144,
             ttl_sweep_interval_ms: 60_000,

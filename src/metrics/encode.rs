@@ -209,6 +209,11 @@ const STORAGE_COUNTERS: &[(&str, &str, ReadStorage)] = &[
         |f| f.compaction_bytes_written,
     ),
     (
+        "pinq_storage_flush_bytes_written",
+        "Bytes memtable flushes wrote to tables: what was not deleted (annihilated) in memory first.",
+        |f| f.flush_bytes_written,
+    ),
+    (
         "pinq_storage_write_stalls",
         "Writes that waited for a flush because the memtables were full.",
         |f| f.write_stalls,

@@ -166,6 +166,8 @@ pub struct StorageFigures {
     pub compactions: u64,
     pub compaction_bytes_read: u64,
     pub compaction_bytes_written: u64,
+    /// Bytes memtable flushes wrote to tables (what survived annihilation).
+    pub flush_bytes_written: u64,
     pub write_stalls: u64,
 }
 
@@ -184,6 +186,7 @@ impl From<&crate::storage::engine::LsmStats> for StorageFigures {
             compactions: s.compactions,
             compaction_bytes_read: s.compaction_bytes_read,
             compaction_bytes_written: s.compaction_bytes_written,
+            flush_bytes_written: s.flush_bytes_written,
             write_stalls: s.write_stalls,
         }
     }

@@ -1,11 +1,15 @@
 //! The deleter: collects keys to delete (ACK completions, expirations), cuts them into bounded
 //! delete batches, and reports the backlog that dispatch pauses on (pure).
 //!
-//! A batch is due at once when a full batch (`deleteBatchMaxKeys`) is waiting, else once
-//! `deleteBatchInterval` has passed since the last cut. Up to `deleteBatchesInFlight` batches may
-//! be out at once: durable deletes are fdatasync-bound, and several writes out together share one
-//! group commit of the WAL, so deletes keep pace with durable publishes. With one batch out, a
-//! 1,024-key write per two fsync cycles fell behind 4,096 publishes per cycle without bound.
+//! A batch takes everything waiting, up to `deleteBatchMaxKeys`. It is due at once when a batch
+//! slot is free and at least [`EAGER_KEYS`] keys wait (under load deletes go out as fast as the
+//! log commits them, each carrying what piled up during the previous commit: group commit for
+//! deletes), else once `deleteBatchInterval` has passed since the last cut (at low rates a few
+//! ACKs share one write instead of paying an fdatasync each). Up to `deleteBatchesInFlight`
+//! batches may be out at once: durable deletes are fdatasync-bound, and several writes out
+//! together share one group commit of the WAL. With one 1,024-key batch out, deletes fell behind
+//! 4,096 publishes per fsync cycle without bound; with a fixed trigger at the cap, a slow commit
+//! (`leader` publishes filling the log) capped deletes at slots × cap per commit.
 //!
 //! The *backlog* is every key not yet deleted: queued, or in a batch not yet applied. At
 //! `deleteBacklogMaxKeys` the shard stops dispatching (`ShardCore::plan_pass`), so ACKed
@@ -24,6 +28,11 @@ use ahash::AHashSet;
 
 use super::memory::give_back;
 use crate::key::EventKey;
+
+/// Keys waiting at which a batch is cut at once when a slot is free (rather than on the
+/// interval). Small enough that the backlog under load stays a few thousand keys, large enough
+/// that a trickle of ACKs is still batched by the interval.
+pub const EAGER_KEYS: usize = 1024;
 
 /// Keys to delete together, in one atomic store write (or one replicated command).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,7 +129,8 @@ impl Deleter {
         if self.batches_out >= self.limits.batches_in_flight_max || self.queue.is_empty() {
             return None;
         }
-        if self.queue.len() >= self.limits.batch_keys_max && !self.backing_off {
+        let eager = EAGER_KEYS.min(self.limits.batch_keys_max);
+        if self.queue.len() >= eager && !self.backing_off {
             return Some(self.last_cut_ms);
         }
         Some(self.last_cut_ms.saturating_add(self.limits.interval_ms))
@@ -265,6 +275,37 @@ mod tests {
         assert_eq!(deleter.take_batch(501).unwrap().keys.len(), 2);
         deleter.on_applied(&first);
         assert_eq!(deleter.batches_total, 2);
+    }
+
+    #[test]
+    fn under_load_a_batch_goes_at_once_past_the_eager_count_and_takes_everything_waiting() {
+        let mut deleter = Deleter::new(
+            DeleterLimits {
+                interval_ms: 500,
+                batch_keys_max: 65_536,
+                batches_in_flight_max: 1,
+                backlog_keys_max: 1 << 20,
+            },
+            0,
+        );
+        for i in 0..EAGER_KEYS as u64 - 1 {
+            deleter.mark(key(i));
+        }
+        assert_eq!(
+            deleter.take_batch(1),
+            None,
+            "a trickle waits for the interval"
+        );
+        for i in EAGER_KEYS as u64 - 1..3 * EAGER_KEYS as u64 {
+            deleter.mark(key(i));
+        }
+        let batch = deleter.take_batch(1).expect("due at once");
+        assert_eq!(
+            batch.keys.len(),
+            3 * EAGER_KEYS,
+            "everything waiting, up to the cap"
+        );
+        assert_eq!(deleter.take_batch(1), None, "the one slot is taken");
     }
 
     #[test]

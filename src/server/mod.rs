@@ -267,8 +267,9 @@ async fn shard_main(
         "pinq-background",
     );
     glommio::spawn_local(shard.clone().dispatch_loop(dispatcher_kicks)).detach();
-    let _ = glommio::spawn_local_into(shard.clone().deleter_loop(deleter_kicks), background)
-        .map(|t| t.detach());
+    // Deletes run beside dispatch, not in the background queue: a deleter starved by the
+    // foreground lets ACKed messages pile up until the backlog bound pauses dispatch.
+    glommio::spawn_local(shard.clone().deleter_loop(deleter_kicks)).detach();
     let _ = glommio::spawn_local_into(shard.clone().janitor_loop(), background).map(|t| t.detach());
     let _ = glommio::spawn_local_into(shard.clone().metrics_loop(ops.slots.clone()), background)
         .map(|t| t.detach());

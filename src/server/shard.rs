@@ -4,8 +4,9 @@
 //! Tasks of a shard (all on its pinned core, sharing one `Rc<Shard>`):
 //! - the dispatch loop (default queue): runs passes, routes deliveries to sinks, then sleeps until
 //!   the core's next wake-up or a kick (publish, subscribe, ACK, credit);
-//! - the deleter and janitor loops (background queue, lower shares): flush delete batches (up to
-//!   `deleteBatchesInFlight` writes at once, one task each) and sweep for expired messages without
+//! - the deleter loop (default queue, beside dispatch: a starved deleter lets ACKed messages pile
+//!   up): writes delete batches, up to `deleteBatchesInFlight` at once, one task each;
+//! - the janitor loop (background queue, lower shares): sweeps for expired messages without
 //!   starving dispatch;
 //! - the metrics loop (background queue): once a second, copies the core's counters and the
 //!   shard's histograms into its metrics slot (`crate::metrics`), the only lock a shard takes;

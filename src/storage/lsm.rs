@@ -1,8 +1,9 @@
 //! [`LsmStore`]: a shard's standalone durable state, the command log (the WAL) in front of the
 //! LSM [`Engine`], behind [`crate::store::Store`].
 //!
-//! A commit is `admit` (the engine's bound on frozen memtables) → `Log::propose` (the record is
-//! queued for the next group commit) → `Engine::apply` under the index it got (same synchronous
+//! A commit is `admit` (the engine's bound on frozen memtables) → `Wal::reserve` (the log's bound
+//! on bytes appended and not yet written) → append (`Log::propose`: the record is queued for the
+//! next group commit) → `Engine::apply` under the index it got (same synchronous
 //! step, so apply order is log order) → for `Sync::Durable`, `Log::wait_durable`. One fdatasync
 //! per group commit covers every command in it; nothing is synced twice.
 //!
@@ -97,7 +98,8 @@ impl LsmStore {
             }
             return Ok(last);
         }
-        let index = self.wal.propose(command)?;
+        let units = self.wal.reserve(command).await?;
+        let index = self.wal.append_reserved(command, units)?;
         let froze = self.engine.apply(index, command);
         let over_cap = self.engine.nothing_frozen() && self.wal.live_bytes() >= self.wal_bytes_max;
         if froze || (over_cap && self.engine.freeze()) {
