@@ -81,7 +81,7 @@ async fn consume(client: Rc<Client>, load: Rc<Load>, deadline: Instant) {
         if batch.is_empty() {
             return; // the broker is gone
         }
-        let tags: Vec<_> = batch.iter().map(|d| d.tag.clone()).collect();
+        let tags: Vec<_> = batch.iter().map(|d| d.tag).collect();
         let Ok(_) = sub.ack(&tags).await else {
             return;
         };
@@ -140,7 +140,7 @@ fn drain(addr: String) -> Vec<u64> {
             if batch.is_empty() {
                 break;
             }
-            let tags: Vec<_> = batch.iter().map(|d| d.tag.clone()).collect();
+            let tags: Vec<_> = batch.iter().map(|d| d.tag).collect();
             ids.extend(batch.iter().map(|d| id_of(&d.payload)));
             sub.ack(&tags).await.expect("ack after the restart");
         }
