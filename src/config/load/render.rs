@@ -1,0 +1,89 @@
+//! The configuration written back as TOML (`Config::to_toml`): what `pinq serve` logs as in
+//! effect, and what the loader reads back to the same value.
+
+#![allow(unused_imports)]
+use super::*;
+
+impl Config {
+    /// The configuration as TOML that [`ConfigLoader`] reads back to the same value (for logs
+    /// and for `pinq serve` operators who want to see what is in effect).
+    pub fn to_toml(&self) -> String {
+        let d = &self.delivery;
+        let p = &self.publish;
+        let s = &self.server;
+        let st = &self.storage;
+        let text = |value: &str| toml::Value::String(value.to_owned()).to_string();
+        let duration = |ms: u64| text(&format_ms(ms));
+        let bytes = |n: u64| text(&format_byte_size(n));
+        let shard_port_base = match s.shard_port_base {
+            Some(base) => format!("shardPortBase = {base}\n"),
+            None => "# shardPortBase unset: client port + 1 + shard index\n".to_owned(),
+        };
+        format!(
+            "[delivery]\n\
+             dispatchPollInterval = {}\n\
+             inFlightTimeout = {}\n\
+             deleteBatchInterval = {}\n\
+             deleteBatchMaxKeys = {}\n\
+             deleteBatchesInFlight = {}\n\
+             deleteBacklogMaxKeys = {}\n\
+             ttlSweepInterval = {}\n\
+             consumerQueueSize = {}\n\
+             timeBucket = {}\n\
+             groupRetention = {}\n\
+             maxUnackedPerConsumer = {}\n\
+             retryQueueSize = {}\n\
+             scanBatchSize = {}\n\
+             \n[publish]\n\
+             maxMessageBytes = {}\n\
+             maxBatchMessages = {}\n\
+             minAckLevel = {}\n\
+             \n[server]\n\
+             dataDir = {}\n\
+             cpus = {}\n\
+             listen = {}\n\
+             metricsListen = {}\n\
+             {shard_port_base}\
+             numa = {}\n\
+             \n[storage]\n\
+             engine = {}\n\
+             memtableBytes = {}\n\
+             walSegmentBytes = {}\n",
+            duration(d.dispatch_poll_interval_ms),
+            duration(d.in_flight_timeout_ms),
+            duration(d.delete_batch_interval_ms),
+            d.delete_batch_keys_max,
+            d.delete_batches_in_flight_max,
+            d.delete_backlog_keys_max,
+            duration(d.ttl_sweep_interval_ms),
+            d.consumer_queue_len_max,
+            duration(d.time_bucket_ms),
+            duration(d.group_retention_ms),
+            d.unacked_per_consumer_max,
+            d.retry_len_max,
+            d.scan_batch_len_max,
+            bytes(p.message_bytes_max as u64),
+            p.batch_len_max,
+            text(p.ack_level_min.as_str()),
+            text(&s.data_dir.to_string_lossy()),
+            text(s.cpus.text()),
+            text(&s.listen.to_string()),
+            text(&s.metrics_listen.to_string()),
+            text(s.numa.as_str()),
+            text(st.engine.as_str()),
+            bytes(st.memtable_bytes_max as u64),
+            bytes(st.wal_segment_bytes_max),
+        )
+    }
+}
+
+/// Milliseconds in the largest unit that divides them: `"24h"`, `"5s"`, `"50ms"`.
+pub(super) fn format_ms(ms: u64) -> String {
+    if ms != 0 && ms % 3_600_000 == 0 {
+        format!("{}h", ms / 3_600_000)
+    } else if ms != 0 && ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}

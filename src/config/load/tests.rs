@@ -1,0 +1,608 @@
+//! Tests of the configuration loader: defaults, every source, precedence, and every refusal.
+
+use super::render::format_ms;
+use super::*;
+
+const EXAMPLE: &str = include_str!("../../../pinq.example.toml");
+
+fn test_loader() -> ConfigLoader {
+    ConfigLoader::with_online_cpus(vec![0, 1, 2, 3])
+}
+
+fn from_toml(text: &str) -> Result<Config, ConfigError> {
+    let mut loader = test_loader();
+    loader.add_toml(text, Path::new("test.toml"))?;
+    loader.build()
+}
+
+fn error_from_toml(text: &str) -> ConfigError {
+    match from_toml(text) {
+        Ok(config) => panic!("accepted:\n{text}\nas {config:?}"),
+        Err(err) => err,
+    }
+}
+
+fn assert_names_key(err: &ConfigError, key: &str) {
+    assert_eq!(err.key(), Some(key), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains(key),
+        "message does not name {key}: {message}"
+    );
+}
+
+#[test]
+fn example_file_parses_to_exactly_the_defaults() {
+    let mut loader = ConfigLoader::new();
+    loader
+        .add_toml(EXAMPLE, Path::new("pinq.example.toml"))
+        .unwrap();
+    assert_eq!(loader.build().unwrap(), Config::default());
+}
+
+#[test]
+fn example_file_mentions_every_key() {
+    for (section, key) in all_keys() {
+        let section_start = EXAMPLE
+            .find(&format!("[{section}]"))
+            .unwrap_or_else(|| panic!("no [{section}] in pinq.example.toml"));
+        let rest = &EXAMPLE[section_start..];
+        let section_end = rest[1..].find("\n[").map_or(rest.len(), |end| end + 1);
+        let mentioned = rest[..section_end].lines().any(|line| {
+            let line = line.trim_start_matches(['#', ' ']);
+            line.starts_with(&format!("{key} ="))
+        });
+        assert!(mentioned, "pinq.example.toml does not show {section}.{key}");
+    }
+}
+
+#[test]
+fn no_sources_give_the_defaults() {
+    let config = ConfigLoader::new().build().unwrap();
+    assert_eq!(config, Config::default());
+    assert_eq!(config.server.data_dir, PathBuf::from("./data"));
+    assert_eq!(config.server.listen.to_string(), "127.0.0.1:7400");
+    assert_eq!(config.server.metrics_listen.to_string(), "127.0.0.1:9400");
+    assert_eq!(config.server.cpus.cpus(), online_cpus().as_slice());
+    assert_eq!(config.storage.engine, StorageEngine::Lsm);
+    assert_eq!(config.storage.memtable_bytes_max, 64 << 20);
+    assert_eq!(config.storage.wal_segment_bytes_max, 64 << 20);
+}
+
+#[test]
+fn section_keys_are_read_from_the_raw_structs() {
+    assert_eq!(sections(), &["delivery", "publish", "server", "storage"]);
+    for section in sections() {
+        assert!(section_keys(section).is_some(), "{section}");
+    }
+    let delivery = section_keys("delivery").unwrap();
+    assert_eq!(delivery.len(), 13);
+    assert!(delivery.contains(&"inFlightTimeout"));
+    assert!(delivery.contains(&"ttlSweepInterval"));
+    assert!(delivery.contains(&"maxUnackedPerConsumer"));
+    assert_eq!(
+        section_keys("server").unwrap(),
+        &[
+            "dataDir",
+            "cpus",
+            "listen",
+            "metricsListen",
+            "shardPortBase",
+            "numa"
+        ]
+    );
+    assert_eq!(all_keys().len(), 13 + 3 + 6 + 3);
+}
+
+#[test]
+fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
+    let zeros = [
+        ("delivery", "dispatchPollInterval", "\"0s\""),
+        ("delivery", "inFlightTimeout", "\"0ms\""),
+        ("delivery", "deleteBatchInterval", "0"),
+        ("delivery", "deleteBatchMaxKeys", "0"),
+        ("delivery", "deleteBatchesInFlight", "0"),
+        ("delivery", "deleteBacklogMaxKeys", "0"),
+        ("delivery", "ttlSweepInterval", "\"0s\""),
+        ("delivery", "consumerQueueSize", "0"),
+        ("delivery", "timeBucket", "\"0ms\""),
+        ("delivery", "groupRetention", "\"0h\""),
+        ("delivery", "maxUnackedPerConsumer", "0"),
+        ("delivery", "retryQueueSize", "0"),
+        ("delivery", "scanBatchSize", "0"),
+        ("publish", "maxMessageBytes", "0"),
+        ("publish", "maxBatchMessages", "0"),
+        ("storage", "memtableBytes", "\"0MiB\""),
+        ("storage", "walSegmentBytes", "0"),
+    ];
+    for (section, key, zero) in zeros {
+        let err = error_from_toml(&format!("[{section}]\n{key} = {zero}\n"));
+        let dotted = format!("{section}.{key}");
+        assert_names_key(&err, &dotted);
+        assert_eq!(
+            err.to_string(),
+            format!("{dotted}: must be greater than zero (in test.toml)")
+        );
+    }
+    // Every key whose zero is meaningless is in the list above; the rest are not numbers
+    // (minAckLevel, dataDir, cpus, listen, metricsListen, engine) or zero means "ephemeral"
+    // (shardPortBase).
+    let zero_keys: Vec<String> = zeros.iter().map(|(s, k, _)| format!("{s}.{k}")).collect();
+    for (section, key) in all_keys() {
+        let dotted = format!("{section}.{key}");
+        let exempt = [
+            "publish.minAckLevel",
+            "server.dataDir",
+            "server.cpus",
+            "server.listen",
+            "server.metricsListen",
+            "server.shardPortBase",
+            "server.numa",
+            "storage.engine",
+        ];
+        assert!(
+            zero_keys.contains(&dotted) || exempt.contains(&dotted.as_str()),
+            "{dotted} is neither checked at zero nor exempt"
+        );
+    }
+}
+
+#[test]
+fn unknown_key_is_rejected_naming_the_full_dotted_key_and_the_file() {
+    let err = error_from_toml("[delivery]\ninFlightTimeout = \"5s\"\nfoo = 1\n");
+    assert_names_key(&err, "delivery.foo");
+    assert_eq!(err.to_string(), "unknown key \"delivery.foo\" in test.toml");
+
+    let err = error_from_toml("[server]\nlisten = \"127.0.0.1:1\"\n[server.tls]\ncert = \"x\"\n");
+    assert_names_key(&err, "server.tls");
+
+    let err = error_from_toml("delivery.bar = 1\n");
+    assert_names_key(&err, "delivery.bar");
+}
+
+#[test]
+fn unknown_section_is_rejected_naming_it() {
+    let err = error_from_toml("[raft]\nelectionTimeout = \"1s\"\n");
+    assert_names_key(&err, "raft");
+    let err = error_from_toml("verbose = true\n");
+    assert_names_key(&err, "verbose");
+}
+
+#[test]
+fn a_key_spelled_differently_gets_a_suggestion() {
+    let err = error_from_toml("[delivery]\nin_flight_timeout = \"5s\"\n");
+    assert_eq!(
+        err.to_string(),
+        "unknown key \"delivery.in_flight_timeout\" in test.toml (did you mean \"delivery.inFlightTimeout\"?)"
+    );
+}
+
+#[test]
+fn a_section_that_is_not_a_table_is_rejected_naming_it() {
+    let err = error_from_toml("delivery = 5\n");
+    assert_names_key(&err, "delivery");
+}
+
+#[test]
+fn a_value_of_the_wrong_type_names_its_key() {
+    let cases = [
+        (
+            "[delivery]\ndeleteBatchMaxKeys = \"lots\"\n",
+            "delivery.deleteBatchMaxKeys",
+        ),
+        (
+            "[delivery]\nconsumerQueueSize = -1\n",
+            "delivery.consumerQueueSize",
+        ),
+        (
+            "[delivery]\ninFlightTimeout = 5\n",
+            "delivery.inFlightTimeout",
+        ),
+        (
+            "[delivery]\ninFlightTimeout = \"5 parsecs\"\n",
+            "delivery.inFlightTimeout",
+        ),
+        (
+            "[publish]\nmaxMessageBytes = \"1MB\"\n",
+            "publish.maxMessageBytes",
+        ),
+        ("[publish]\nminAckLevel = 2\n", "publish.minAckLevel"),
+        ("[server]\nlisten = 7400\n", "server.listen"),
+        ("[server]\ncpus = [0, 1]\n", "server.cpus"),
+        ("[storage]\nmemtableBytes = true\n", "storage.memtableBytes"),
+    ];
+    for (text, key) in cases {
+        let err = error_from_toml(text);
+        assert_names_key(&err, key);
+        assert!(err.to_string().starts_with(&format!("{key}: ")), "{err}");
+    }
+}
+
+#[test]
+fn out_of_range_values_are_rejected_naming_the_key() {
+    let cases = [
+        (
+            "[publish]\nmaxMessageBytes = \"65MiB\"\n",
+            "publish.maxMessageBytes",
+        ),
+        ("[delivery]\ntimeBucket = \"2h\"\n", "delivery.timeBucket"),
+        (
+            "[delivery]\ninFlightTimeout = \"1500us\"\n",
+            "delivery.inFlightTimeout",
+        ),
+        (
+            "[delivery]\ninFlightTimeout = \"2days\"\n",
+            "delivery.inFlightTimeout",
+        ),
+        (
+            "[delivery]\ndispatchPollInterval = \"5min\"\n",
+            "delivery.dispatchPollInterval",
+        ),
+        (
+            "[delivery]\nconsumerQueueSize = 100000000\n",
+            "delivery.consumerQueueSize",
+        ),
+        (
+            "[delivery]\nscanBatchSize = 1000000\n",
+            "delivery.scanBatchSize",
+        ),
+        (
+            "[delivery]\ndeleteBatchesInFlight = 65\n",
+            "delivery.deleteBatchesInFlight",
+        ),
+        (
+            "[delivery]\ndeleteBacklogMaxKeys = 100000000\n",
+            "delivery.deleteBacklogMaxKeys",
+        ),
+        (
+            "[publish]\nmaxBatchMessages = 2000000\n",
+            "publish.maxBatchMessages",
+        ),
+        (
+            "[storage]\nwalSegmentBytes = 1000000\n",
+            "storage.walSegmentBytes",
+        ),
+        (
+            "[storage]\nmemtableBytes = \"4KiB\"\n",
+            "storage.memtableBytes",
+        ),
+        ("[storage]\nengine = \"rocksdb\"\n", "storage.engine"),
+        (
+            "[publish]\nminAckLevel = \"quorum\"\n",
+            "publish.minAckLevel",
+        ),
+        ("[server]\nlisten = \"localhost:7400\"\n", "server.listen"),
+        (
+            "[server]\nmetricsListen = \"9400\"\n",
+            "server.metricsListen",
+        ),
+        ("[server]\ndataDir = \"\"\n", "server.dataDir"),
+        ("[server]\ncpus = \"3-1\"\n", "server.cpus"),
+        ("[server]\ncpus = \"0-7\"\n", "server.cpus"),
+        ("[server]\nshardPortBase = 70000\n", "server.shardPortBase"),
+        ("[server]\nnuma = \"node0\"\n", "server.numa"),
+    ];
+    for (text, key) in cases {
+        let err = error_from_toml(text);
+        assert_names_key(&err, key);
+    }
+}
+
+#[test]
+fn a_delete_backlog_smaller_than_a_delete_batch_is_rejected_naming_the_key_that_was_set() {
+    let err = error_from_toml("[delivery]\ndeleteBacklogMaxKeys = 1000\n");
+    assert_names_key(&err, "delivery.deleteBacklogMaxKeys");
+    assert!(
+        err.to_string()
+            .contains("must be at least delivery.deleteBatchMaxKeys (65536)"),
+        "{err}"
+    );
+    let err = error_from_toml("[delivery]\ndeleteBatchMaxKeys = 500000\n");
+    assert_names_key(&err, "delivery.deleteBatchMaxKeys");
+    let config = from_toml(
+        "[delivery]\ndeleteBatchMaxKeys = 100\ndeleteBacklogMaxKeys = 100\ndeleteBatchesInFlight = 1\n",
+    )
+    .unwrap();
+    assert_eq!(config.delivery.delete_backlog_keys_max, 100);
+    assert_eq!(config.delivery.delete_batches_in_flight_max, 1);
+}
+
+#[test]
+fn a_time_bucket_wider_than_the_in_flight_timeout_is_accepted() {
+    let config = from_toml("[delivery]\ntimeBucket = \"10s\"\ninFlightTimeout = \"1s\"\n").unwrap();
+    assert_eq!(config.delivery.time_bucket_ms, 10_000);
+    assert_eq!(config.delivery.in_flight_timeout_ms, 1_000);
+}
+
+#[test]
+fn durations_and_sizes_accept_their_documented_forms() {
+    let config = from_toml(
+        "[delivery]\ninFlightTimeout = \"1m 30s\"\ngroupRetention = \"7days\"\n\
+         [publish]\nmaxMessageBytes = 4096\n[storage]\nmemtableBytes = \"128 MiB\"\n",
+    )
+    .unwrap();
+    assert_eq!(config.delivery.in_flight_timeout_ms, 90_000);
+    assert_eq!(config.delivery.group_retention_ms, 7 * 24 * 3600 * 1000);
+    assert_eq!(config.publish.message_bytes_max, 4096);
+    assert_eq!(config.storage.memtable_bytes_max, 128 << 20);
+}
+
+#[test]
+fn a_message_that_cannot_fit_a_wal_segment_is_rejected_naming_the_key_that_was_set() {
+    let err = error_from_toml(
+        "[storage]\nwalSegmentBytes = \"512KiB\"\n[publish]\nmaxMessageBytes = \"1MiB\"\n",
+    );
+    assert_names_key(&err, "storage.walSegmentBytes");
+    let err = error_from_toml("[publish]\nmaxMessageBytes = \"64MiB\"\n");
+    assert_names_key(&err, "publish.maxMessageBytes");
+    let config =
+        from_toml("[publish]\nmaxMessageBytes = \"64MiB\"\n[storage]\nengine = \"memory\"\n")
+            .unwrap();
+    assert_eq!(config.publish.message_bytes_max, 64 << 20);
+}
+
+#[test]
+fn environment_overrides_file() {
+    let mut loader = test_loader();
+    loader
+        .add_toml(
+            "[delivery]\ninFlightTimeout = \"10s\"\nconsumerQueueSize = 10\n",
+            Path::new("test.toml"),
+        )
+        .unwrap();
+    loader
+        .add_env([("PINQ_DELIVERY_IN_FLIGHT_TIMEOUT", "2s")])
+        .unwrap();
+    let config = loader.build().unwrap();
+    assert_eq!(config.delivery.in_flight_timeout_ms, 2_000);
+    assert_eq!(config.delivery.consumer_queue_len_max, 10);
+}
+
+#[test]
+fn flags_override_environment() {
+    let mut loader = test_loader();
+    loader
+        .add_toml(
+            "[server]\nlisten = \"127.0.0.1:1000\"\n",
+            Path::new("test.toml"),
+        )
+        .unwrap();
+    loader
+        .add_env([
+            ("PINQ_SERVER_LISTEN", "127.0.0.1:2000"),
+            ("PINQ_STORAGE_ENGINE", "memory"),
+        ])
+        .unwrap();
+    loader
+        .set(
+            "server.listen",
+            toml::Value::String("127.0.0.1:3000".to_owned()),
+            Origin::Flag("--listen"),
+        )
+        .unwrap();
+    let config = loader.build().unwrap();
+    assert_eq!(config.server.listen.port(), 3000);
+    assert_eq!(config.storage.engine, StorageEngine::Memory);
+}
+
+#[test]
+fn every_key_can_be_set_from_its_environment_variable() {
+    let values = [
+        ("PINQ_DELIVERY_DISPATCH_POLL_INTERVAL", "10ms"),
+        ("PINQ_DELIVERY_IN_FLIGHT_TIMEOUT", "2s"),
+        ("PINQ_DELIVERY_DELETE_BATCH_INTERVAL", "100ms"),
+        ("PINQ_DELIVERY_DELETE_BATCH_MAX_KEYS", "2048"),
+        ("PINQ_DELIVERY_DELETE_BATCHES_IN_FLIGHT", "2"),
+        ("PINQ_DELIVERY_DELETE_BACKLOG_MAX_KEYS", "8192"),
+        ("PINQ_DELIVERY_TTL_SWEEP_INTERVAL", "30s"),
+        ("PINQ_DELIVERY_CONSUMER_QUEUE_SIZE", "64"),
+        ("PINQ_DELIVERY_TIME_BUCKET", "10ms"),
+        ("PINQ_DELIVERY_GROUP_RETENTION", "1h"),
+        ("PINQ_DELIVERY_MAX_UNACKED_PER_CONSUMER", "100"),
+        ("PINQ_DELIVERY_RETRY_QUEUE_SIZE", "1000"),
+        ("PINQ_DELIVERY_SCAN_BATCH_SIZE", "32"),
+        ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "64KiB"),
+        ("PINQ_PUBLISH_MAX_BATCH_MESSAGES", "500"),
+        ("PINQ_PUBLISH_MIN_ACK_LEVEL", "durable"),
+        ("PINQ_SERVER_DATA_DIR", "/var/lib/pinq"),
+        ("PINQ_SERVER_CPUS", "1"),
+        ("PINQ_SERVER_LISTEN", "0.0.0.0:7500"),
+        ("PINQ_SERVER_METRICS_LISTEN", "127.0.0.1:9500"),
+        ("PINQ_SERVER_SHARD_PORT_BASE", "8000"),
+        ("PINQ_SERVER_NUMA", "auto"),
+        ("PINQ_STORAGE_ENGINE", "memory"),
+        ("PINQ_STORAGE_MEMTABLE_BYTES", "1048576"),
+        ("PINQ_STORAGE_WAL_SEGMENT_BYTES", "8MiB"),
+    ];
+    assert_eq!(values.len(), all_keys().len());
+    for (section, key) in all_keys() {
+        let name = env_var_name(section, key);
+        assert!(
+            values.iter().any(|(var, _)| *var == name),
+            "{name} untested"
+        );
+    }
+    let mut loader = test_loader();
+    loader.add_env(values).unwrap();
+    let config = loader.build().unwrap();
+    let expected = Config {
+        delivery: DeliveryConfig {
+            dispatch_poll_interval_ms: 10,
+            in_flight_timeout_ms: 2_000,
+            delete_batch_interval_ms: 100,
+            delete_batch_keys_max: 2048,
+            delete_batches_in_flight_max: 2,
+            delete_backlog_keys_max: 8192,
+            ttl_sweep_interval_ms: 30_000,
+            consumer_queue_len_max: 64,
+            time_bucket_ms: 10,
+            group_retention_ms: 3_600_000,
+            unacked_per_consumer_max: 100,
+            retry_len_max: 1000,
+            scan_batch_len_max: 32,
+        },
+        publish: PublishConfig {
+            message_bytes_max: 64 << 10,
+            batch_len_max: 500,
+            ack_level_min: AckLevel::Durable,
+        },
+        server: ServerConfig {
+            data_dir: PathBuf::from("/var/lib/pinq"),
+            cpus: CpuList::parse("1").unwrap(),
+            listen: "0.0.0.0:7500".parse().unwrap(),
+            metrics_listen: "127.0.0.1:9500".parse().unwrap(),
+            shard_port_base: Some(8000),
+            numa: NumaMode::Auto,
+        },
+        storage: StorageConfig {
+            engine: StorageEngine::Memory,
+            memtable_bytes_max: 1 << 20,
+            wal_segment_bytes_max: 8 << 20,
+        },
+    };
+    assert_eq!(config, expected);
+}
+
+#[test]
+fn unknown_config_variable_is_rejected_and_other_pinq_variables_are_ignored() {
+    let mut loader = test_loader();
+    let err = loader
+        .add_env([("PINQ_DELIVERY_INFLIGHTTIMEOUT", "2s")])
+        .unwrap_err();
+    assert_names_key(&err, "delivery.INFLIGHTTIMEOUT");
+    assert_eq!(
+        err.to_string(),
+        "unknown key \"delivery.INFLIGHTTIMEOUT\" from environment variable \
+         PINQ_DELIVERY_INFLIGHTTIMEOUT (did you mean PINQ_DELIVERY_IN_FLIGHT_TIMEOUT?)"
+    );
+
+    let mut loader = test_loader();
+    loader
+        .add_env([
+            ("PINQ_LOG", "debug"),
+            ("HOME", "/root"),
+            ("PINQ_TOPIC", "x"),
+        ])
+        .unwrap();
+    assert_eq!(loader.build().unwrap().delivery, DeliveryConfig::default());
+}
+
+#[test]
+fn a_bad_environment_value_names_the_key_and_the_variable() {
+    let mut loader = test_loader();
+    loader
+        .add_env([("PINQ_DELIVERY_IN_FLIGHT_TIMEOUT", "0")])
+        .unwrap();
+    let err = loader.build().unwrap_err();
+    assert_names_key(&err, "delivery.inFlightTimeout");
+    assert_eq!(
+        err.to_string(),
+        "delivery.inFlightTimeout: must be greater than zero \
+         (from environment variable PINQ_DELIVERY_IN_FLIGHT_TIMEOUT)"
+    );
+}
+
+#[test]
+fn setting_an_unknown_key_is_refused() {
+    let err = test_loader()
+        .set(
+            "server.port",
+            toml::Value::Integer(1),
+            Origin::Flag("--port"),
+        )
+        .unwrap_err();
+    assert_names_key(&err, "server.port");
+}
+
+#[test]
+fn cpus_are_resolved_against_the_online_cpus() {
+    let mut loader = ConfigLoader::with_online_cpus(vec![0, 1]);
+    loader.add_env([("PINQ_SERVER_CPUS", "all")]).unwrap();
+    assert_eq!(loader.build().unwrap().server.cpus.cpus(), &[0, 1]);
+
+    let mut loader = ConfigLoader::with_online_cpus(vec![0, 1]);
+    loader.add_env([("PINQ_SERVER_CPUS", "0-3,8")]).unwrap();
+    let err = loader.build().unwrap_err();
+    assert_names_key(&err, "server.cpus");
+    assert!(err.to_string().contains("CPU 2 is not online"), "{err}");
+
+    let config = from_toml("[server]\ncpus = \"0-2\"\n").unwrap();
+    assert_eq!(config.server.cpus.cpus(), &[0, 1, 2]);
+    assert_eq!(config.server.cpus.text(), "0-2");
+}
+
+#[test]
+fn shard_ports_default_to_the_client_port_plus_one() {
+    let config = from_toml("[server]\ncpus = \"0-3\"\n").unwrap();
+    let ports: Vec<u16> = (0..4)
+        .map(|i| config.server.shard_listen(i).port())
+        .collect();
+    assert_eq!(ports, [7401, 7402, 7403, 7404]);
+
+    let config = from_toml("[server]\ncpus = \"0,1\"\nshardPortBase = 8000\n").unwrap();
+    assert_eq!(config.server.shard_listen(1).to_string(), "127.0.0.1:8001");
+}
+
+#[test]
+fn an_ephemeral_client_port_gives_ephemeral_shard_ports() {
+    let config = from_toml("[server]\nlisten = \"127.0.0.1:0\"\ncpus = \"0,1\"\n").unwrap();
+    assert_eq!(config.server.shard_listen(0).port(), 0);
+    assert_eq!(config.server.shard_listen(1).port(), 0);
+    let config = from_toml("[server]\nshardPortBase = 0\ncpus = \"0,1\"\n").unwrap();
+    assert_eq!(config.server.shard_listen(1).port(), 0);
+}
+
+#[test]
+fn colliding_ports_are_rejected_naming_the_key() {
+    let err = error_from_toml("[server]\nmetricsListen = \"127.0.0.1:7400\"\n");
+    assert_names_key(&err, "server.metricsListen");
+    let err = error_from_toml("[server]\nmetricsListen = \"0.0.0.0:7401\"\ncpus = \"0-1\"\n");
+    assert_names_key(&err, "server.metricsListen");
+    let err = error_from_toml("[server]\nshardPortBase = 7399\ncpus = \"0-3\"\n");
+    assert_names_key(&err, "server.shardPortBase");
+    let err = error_from_toml("[server]\nlisten = \"127.0.0.1:65535\"\n");
+    assert_names_key(&err, "server.listen");
+    // Same port on different addresses is fine.
+    from_toml("[server]\nlisten = \"127.0.0.1:7400\"\nmetricsListen = \"127.0.0.2:7400\"\n")
+        .unwrap();
+}
+
+#[test]
+fn a_missing_file_and_bad_toml_name_the_file() {
+    let mut loader = test_loader();
+    let err = loader
+        .add_file(Path::new("/nonexistent/pinq.toml"))
+        .unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/pinq.toml"), "{err}");
+    let err = loader
+        .add_toml("[delivery\n", Path::new("broken.toml"))
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::Syntax { .. }));
+    assert!(err.to_string().contains("broken.toml"), "{err}");
+}
+
+#[test]
+fn the_effective_config_renders_back_to_itself() {
+    for text in [
+        "",
+        "[delivery]\ninFlightTimeout = \"90s\"\ntimeBucket = \"1500ms\"\ngroupRetention = \"2h\"\n\
+         [publish]\nmaxMessageBytes = 1000\nminAckLevel = \"durable\"\n\
+         [server]\ndataDir = \"/tmp/pinq \\\"x\\\"\"\ncpus = \"1-2\"\nshardPortBase = 9000\nnuma = \"auto\"\n\
+         [storage]\nengine = \"memory\"\nwalSegmentBytes = \"1GiB\"\n",
+    ] {
+        let config = from_toml(text).unwrap();
+        let rendered = config.to_toml();
+        let again = from_toml(&rendered)
+            .unwrap_or_else(|err| panic!("{err}\nin:\n{rendered}"));
+        assert_eq!(again, config, "{rendered}");
+    }
+}
+
+#[test]
+fn durations_render_in_their_largest_exact_unit() {
+    assert_eq!(format_ms(50), "50ms");
+    assert_eq!(format_ms(5_000), "5s");
+    assert_eq!(format_ms(60_000), "60s");
+    assert_eq!(format_ms(86_400_000), "24h");
+    assert_eq!(format_ms(1_500), "1500ms");
+}
