@@ -36,7 +36,7 @@ pub struct DeliveryConfig {
     pub in_flight_timeout_ms: u64,
     /// `delivery.deleteBatchInterval`: how often the deleter flushes a partial batch.
     pub delete_batch_interval_ms: u64,
-    /// `delivery.deleteBatchMaxKeys`: keys per delete flush; a full batch flushes at once.
+    /// `delivery.deleteBatchMaxKeys`: the most keys in one delete command.
     pub delete_batch_keys_max: usize,
     /// `delivery.deleteBatchesInFlight`: delete batches written at once (one group commit of the
     /// WAL can cover several).
