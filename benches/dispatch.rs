@@ -118,11 +118,10 @@ fn dispatch_per_message(c: &mut Criterion) {
                 shard.settle();
                 let keys = shard.drain();
                 assert_eq!(keys.len(), DISPATCH_MESSAGES);
-                let tags: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes().as_slice()).collect();
                 let results = shard
                     .core
                     .borrow_mut()
-                    .ack(shard.now_ms, shard.consumer, &tags)
+                    .ack(shard.now_ms, shard.consumer, &keys)
                     .expect("a registered consumer");
                 black_box(results);
                 shard

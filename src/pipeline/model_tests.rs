@@ -622,13 +622,12 @@ impl Model {
 
     fn settle_tags(&mut self, consumer: ConsumerId, tags: &[EventKey], how: Settle) {
         let now = self.now();
-        let raw: Vec<&[u8]> = tags.iter().map(|k| k.as_bytes().as_slice()).collect();
         let results = {
             let mut core = self.sim.core.borrow_mut();
             match how {
-                Settle::Ack => core.ack(now, consumer, &raw),
-                Settle::Nack(delay) => core.nack(now, consumer, &raw, delay),
-                Settle::Touch => core.touch(now, consumer, &raw),
+                Settle::Ack => core.ack(now, consumer, tags),
+                Settle::Nack(delay) => core.nack(now, consumer, tags, delay),
+                Settle::Touch => core.touch(now, consumer, tags),
             }
         }
         .unwrap();

@@ -196,6 +196,66 @@ pub fn parse_tag(list: data_list::Reader<'_>, index: u32) -> Result<EventKey, Wi
     })
 }
 
+/// The tags of an ACK, NACK or touch, parsed once at the edge: the well-formed ones as
+/// [`EventKey`]s in request order, which is all the owning shard sees, and where each sits in the
+/// request. A tag that is not an event key is answered "malformed" for its entry by
+/// [`SettleTags::answers`] rather than failing the whole call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SettleTags {
+    pub keys: Vec<EventKey>,
+    /// `places[i]` is the index in the request of `keys[i]`.
+    places: Vec<u32>,
+    len: u32,
+}
+
+impl SettleTags {
+    /// Parses every tag of `list`; only a broken Cap'n Proto list is an error.
+    pub fn read(list: data_list::Reader<'_>) -> Result<SettleTags, WireError> {
+        let len = list.len();
+        let mut tags = SettleTags {
+            keys: Vec::with_capacity(len as usize),
+            places: Vec::with_capacity(len as usize),
+            len,
+        };
+        for i in 0..len {
+            match parse_tag(list, i) {
+                Ok(key) => {
+                    tags.keys.push(key);
+                    tags.places.push(i);
+                }
+                Err(WireError::Capnp(e)) => return Err(WireError::Capnp(e)),
+                Err(_) => {}
+            }
+        }
+        Ok(tags)
+    }
+
+    /// Number of tags in the request, well formed or not.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// One answer per tag of the request, in its order: `settled[i]` for the `i`-th well-formed
+    /// tag (`keys[i]`, which the caller may have taken to send on), `malformed` for every tag that
+    /// was not an event key.
+    pub fn answers<T: Copy>(&self, settled: &[T], malformed: T) -> Vec<T> {
+        assert_eq!(
+            settled.len(),
+            self.places.len(),
+            "one settle result per well-formed tag"
+        );
+        let mut out = vec![malformed; self.len as usize];
+        for (place, result) in self.places.iter().zip(settled) {
+            out[*place as usize] = *result;
+        }
+        out
+    }
+}
+
 /// Reads a list of tags a peer must have sent well formed (the tags of a publish reply): any bad
 /// tag fails the whole list.
 pub fn read_tags(list: data_list::Reader<'_>) -> Result<Vec<EventKey>, WireError> {

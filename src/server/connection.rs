@@ -24,7 +24,7 @@ use crate::key::{EventKey, TopicHash};
 use crate::message::Header;
 use crate::pipeline::{self, ConsumerId, TagResult};
 use crate::rpc::pinq_capnp::{broker, consumer, subscription, TagResult as WireTagResult};
-use crate::rpc::{self, OutgoingDelivery, PublishLimits, WireError};
+use crate::rpc::{self, OutgoingDelivery, PublishLimits, SettleTags, WireError};
 
 /// Deliveries per `deliver` call.
 const DELIVER_BATCH_MAX: usize = 256;
@@ -384,31 +384,23 @@ impl SubscriptionImpl {
         if self.closed.get() {
             return Err(failed("subscription is closed"));
         }
-        let mut results = vec![TagResult::Malformed; tags.len() as usize];
-        let mut places = Vec::with_capacity(tags.len() as usize);
-        let mut keys = Vec::with_capacity(tags.len() as usize);
-        for i in 0..tags.len() {
-            if let Ok(key) = rpc::parse_tag(tags, i) {
-                places.push(i as usize);
-                keys.push(key);
-            }
+        let mut tags = SettleTags::read(tags).map_err(wire)?;
+        if tags.keys.is_empty() {
+            return Ok(tags.answers(&[], TagResult::Malformed));
         }
-        if !keys.is_empty() {
-            let consumer = self.consumer;
-            let settled = self
-                .shard
-                .call(self.owner, |reply| Request::Settle {
-                    consumer,
-                    op,
-                    tags: keys,
-                    reply,
-                })
-                .await
-                .map_err(failed)?;
-            for (place, result) in places.into_iter().zip(settled) {
-                results[place] = result;
-            }
-        }
+        let consumer = self.consumer;
+        let keys = std::mem::take(&mut tags.keys);
+        let settled = self
+            .shard
+            .call(self.owner, |reply| Request::Settle {
+                consumer,
+                op,
+                tags: keys,
+                reply,
+            })
+            .await
+            .map_err(failed)?;
+        let results = tags.answers(&settled, TagResult::Malformed);
         Ok(results)
     }
 

@@ -255,7 +255,6 @@ impl Shard {
                 tags,
                 reply,
             } => {
-                let tags: Vec<&[u8]> = tags.iter().map(|t| t.as_bytes().as_slice()).collect();
                 let now = now_ms();
                 let result = {
                     let mut core = self.core.borrow_mut();

@@ -22,7 +22,8 @@ pub enum TagResult {
     NotHolder,
     /// This consumer's recipient has already acknowledged the message.
     AlreadyAcked,
-    /// The tag is not a 24-byte event key.
+    /// The tag is not a 24-byte event key (answered at the edge, which parses tags: the core
+    /// only ever sees [`EventKey`]s).
     Malformed,
 }
 
@@ -202,7 +203,7 @@ impl ShardCore {
         &mut self,
         now_ms: u64,
         consumer: ConsumerId,
-        tags: &[&[u8]],
+        tags: &[EventKey],
     ) -> Result<Vec<TagResult>, ConsumerError> {
         self.tick(now_ms);
         self.settle(consumer, tags, |core, key, recipient| {
@@ -221,7 +222,7 @@ impl ShardCore {
         &mut self,
         now_ms: u64,
         consumer: ConsumerId,
-        tags: &[&[u8]],
+        tags: &[EventKey],
         delay_ms: u64,
     ) -> Result<Vec<TagResult>, ConsumerError> {
         let now_ms = self.tick(now_ms);
@@ -257,13 +258,13 @@ impl ShardCore {
         &mut self,
         now_ms: u64,
         consumer: ConsumerId,
-        tags: &[&[u8]],
+        tags: &[EventKey],
     ) -> Result<Vec<TagResult>, ConsumerError> {
         let now_ms = self.tick(now_ms);
         let deadline_ms = now_ms.saturating_add(self.delivery.in_flight_timeout_ms);
         let mut results = Vec::with_capacity(tags.len());
         for tag in tags {
-            let result = match self.holder_check(consumer, tag)? {
+            let result = match self.holder_check(consumer, *tag)? {
                 Ok((key, recipient)) => {
                     let generation = self.inflight.next_generation();
                     if let Some(copy) = self
@@ -298,12 +299,12 @@ impl ShardCore {
     pub(super) fn settle(
         &mut self,
         consumer: ConsumerId,
-        tags: &[&[u8]],
+        tags: &[EventKey],
         mut settled: impl FnMut(&mut ShardCore, EventKey, RecipientId),
     ) -> Result<Vec<TagResult>, ConsumerError> {
         let mut results = Vec::with_capacity(tags.len());
         for tag in tags {
-            let result = match self.holder_check(consumer, tag)? {
+            let result = match self.holder_check(consumer, *tag)? {
                 Ok((key, recipient)) => {
                     if let Some(c) = self.hub.consumers.get_mut(&consumer) {
                         c.held.remove(&key);
@@ -332,11 +333,13 @@ impl ShardCore {
         Ok(results)
     }
 
-    /// Whether `consumer` holds the copy named by `tag`: `Ok((key, recipient))`, or the refusal.
+    /// Whether `consumer` holds the copy named by `key`: `Ok((key, recipient))`, or the refusal.
+    /// Tags are parsed once, at the edge: one that is not an event key never gets here, and the
+    /// edge answers it [`TagResult::Malformed`] itself.
     pub(super) fn holder_check(
         &self,
         consumer: ConsumerId,
-        tag: &[u8],
+        key: EventKey,
     ) -> Result<Result<(EventKey, RecipientId), TagResult>, ConsumerError> {
         let recipient = self
             .hub
@@ -344,9 +347,6 @@ impl ShardCore {
             .get(&consumer)
             .ok_or(ConsumerError::UnknownConsumer)?
             .recipient;
-        let Ok(key) = EventKey::parse(tag) else {
-            return Ok(Err(TagResult::Malformed));
-        };
         let Some(entry) = self.inflight.entries.get(&key) else {
             return Ok(Err(TagResult::UnknownTag));
         };
