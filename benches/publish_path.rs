@@ -14,9 +14,10 @@ use capnp::message::{Builder, HeapAllocator, ReaderOptions};
 use capnp::serialize;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
+use pinq::batch::ValidatedBatch;
 use pinq::config::{AckLevel, DeliveryConfig, PublishConfig};
 use pinq::message::Header;
-use pinq::pipeline::{self, ShardCore};
+use pinq::pipeline::ShardCore;
 use pinq::rpc::pinq_capnp::broker;
 use pinq::rpc::{self, PublishLimits, PublishMessage};
 
@@ -44,7 +45,8 @@ fn request_bytes() -> Vec<u8> {
     out
 }
 
-/// What `Broker.publish` and `drive::publish` do with one batch for one shard, minus the I/O.
+/// What `Broker.publish` and `drive::publish` do with one batch for one shard, minus the I/O
+/// (the split by shard included, with one shard).
 fn publish_once(core: &mut ShardCore, bytes: &[u8], limits: &PublishLimits, chunk: &mut Vec<u8>) {
     let reader = serialize::read_message(&mut &bytes[..], ReaderOptions::new()).expect("valid");
     let params = reader
@@ -52,27 +54,11 @@ fn publish_once(core: &mut ShardCore, bytes: &[u8], limits: &PublishLimits, chun
         .expect("valid root");
     let ack = rpc::read_ack_level(params.get_ack_level()).expect("known level");
     let list = params.get_messages().expect("messages");
-    let batch = rpc::read_publish_batch(list, limits).expect("valid batch");
-    let messages: Vec<pipeline::PublishMessage> = batch
-        .iter()
-        .map(|m| pipeline::PublishMessage {
-            topic: m.topic.to_owned(),
-            payload: m.payload.to_vec(),
-            delay_ms: m.delay_ms as i64,
-            ttl_ms: m.ttl_ms as i64,
-            headers: m
-                .headers
-                .iter()
-                .map(|h| Header {
-                    key: h.key.to_owned(),
-                    value: h.value.to_vec(),
-                })
-                .collect(),
-        })
-        .collect();
-    let store_batch = core
-        .prepare_publish(START_MS, &messages, ack)
-        .expect("valid batch");
+    let messages = rpc::read_publish_batch(list, limits).expect("valid batch");
+    let mut parts =
+        ValidatedBatch::split(&messages, ack, &PublishConfig::default(), 1).expect("valid batch");
+    let part = parts.pop().expect("one shard");
+    let store_batch = core.prepare_publish(START_MS, part.batch);
     chunk.clear();
     store_batch.command().encode(chunk);
     core.on_publish_applied(&store_batch);
@@ -81,11 +67,7 @@ fn publish_once(core: &mut ShardCore, bytes: &[u8], limits: &PublishLimits, chun
 fn publish_path(c: &mut Criterion) {
     let bytes = request_bytes();
     let limits = PublishLimits::from(&PublishConfig::default());
-    let mut core = ShardCore::new(
-        DeliveryConfig::default(),
-        PublishConfig::default(),
-        START_MS,
-    );
+    let mut core = ShardCore::new(DeliveryConfig::default(), START_MS);
     let mut chunk = Vec::with_capacity(64 << 10);
     let mut group = c.benchmark_group("publish_path");
     group.throughput(Throughput::Elements(BATCH_LEN as u64));

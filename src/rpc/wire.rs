@@ -15,7 +15,10 @@ use super::pinq_capnp::{
 };
 use crate::config::{AckLevel, PublishConfig};
 use crate::key::{validate_topic, EventKey, KeyError};
-use crate::message::{ArchivedStoredMessage, Header, StoredMessage};
+pub use crate::message::HeaderRef;
+use crate::message::{
+    ArchivedStoredMessage, CodecError, Header, StoredMessage, StoredMessageRef, UnstampedValue,
+};
 
 /// Errors reading or writing a protocol message.
 #[derive(Debug, thiserror::Error)]
@@ -297,6 +300,27 @@ impl PublishMessage {
     }
 }
 
+impl PublishMessage {
+    /// This message as the server's reader would have produced it from the wire (in-process
+    /// publishers, tests and benches); not yet checked against any limit.
+    pub fn borrow(&self) -> PublishMessageRef<'_> {
+        PublishMessageRef {
+            topic: &self.topic,
+            payload: &self.payload,
+            delay_ms: self.delay_ms,
+            ttl_ms: self.ttl_ms,
+            headers: self
+                .headers
+                .iter()
+                .map(|h| HeaderRef {
+                    key: &h.key,
+                    value: &h.value,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// The wire carries delays as `Int64` so that a server can refuse negatives from clients in
 /// languages without unsigned integers; a Rust `u64` past `i64::MAX` cannot be sent.
 fn signed_ms(value: u64, field: Field) -> Result<i64, WireError> {
@@ -366,13 +390,6 @@ impl From<&PublishConfig> for PublishLimits {
     }
 }
 
-/// One header of a [`PublishMessageRef`], borrowed from the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeaderRef<'a> {
-    pub key: &'a str,
-    pub value: &'a [u8],
-}
-
 /// A validated message of a publish request, borrowing from the request: topic 1..=255 bytes of
 /// UTF-8, payload within the limit, non-negative delay and TTL, UTF-8 header keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -404,6 +421,19 @@ impl PublishMessageRef<'_> {
         }
     }
 
+    /// Archives this message straight from the borrowed fields (the one copy of its payload on
+    /// the publish path); the owning shard stamps the enqueue time in later.
+    pub fn archive(&self) -> Result<UnstampedValue, CodecError> {
+        UnstampedValue::encode(&StoredMessageRef {
+            topic: self.topic,
+            payload: self.payload,
+            enqueued_at_ms: 0,
+            delay_ms: self.delay_ms,
+            ttl_ms: self.ttl_ms,
+            headers: &self.headers,
+        })
+    }
+
     /// The message as a client would have built it (tests and tools).
     pub fn to_owned_message(&self) -> PublishMessage {
         let stored = self.to_stored(0);
@@ -421,26 +451,16 @@ fn unsigned_ms(value: i64, field: Field) -> Result<u64, WireError> {
     u64::try_from(value).map_err(|_| WireError::Negative { field, value })
 }
 
-/// Reads and validates one message of a publish batch (`index` is for error texts).
+/// Reads and validates one message of a publish batch (`index` is for error texts). What only
+/// the wire can get wrong (UTF-8, signs) is checked while reading; the limits are checked by
+/// [`check_publish_message`], the one check in-process publishers go through too.
 pub fn read_publish_message<'a>(
     reader: publish_message::Reader<'a>,
     index: u32,
     limits: &PublishLimits,
 ) -> Result<PublishMessageRef<'a>, WireError> {
-    let topic_field = Field::at("messages", index, "topic");
-    let topic = text(reader.get_topic()?, topic_field)?;
-    validate_topic(topic).map_err(|source| WireError::Topic {
-        field: topic_field,
-        source,
-    })?;
+    let topic = text(reader.get_topic()?, Field::at("messages", index, "topic"))?;
     let payload = reader.get_payload()?;
-    if payload.len() > limits.message_bytes_max {
-        return Err(WireError::TooLong {
-            field: Field::at("messages", index, "payload"),
-            len: payload.len(),
-            max: limits.message_bytes_max,
-        });
-    }
     let delay_ms = unsigned_ms(
         reader.get_delay_ms(),
         Field::at("messages", index, "delayMs"),
@@ -459,13 +479,47 @@ pub fn read_publish_message<'a>(
     } else {
         Vec::new()
     };
-    Ok(PublishMessageRef {
+    let message = PublishMessageRef {
         topic,
         payload,
         delay_ms,
         ttl_ms,
         headers,
-    })
+    };
+    check_publish_message(&message, index, limits)?;
+    Ok(message)
+}
+
+/// Checks one message against the protocol and the broker's limits: topic 1..=255 bytes, payload
+/// within `publish.maxMessageBytes`.
+pub fn check_publish_message(
+    message: &PublishMessageRef<'_>,
+    index: u32,
+    limits: &PublishLimits,
+) -> Result<(), WireError> {
+    validate_topic(message.topic).map_err(|source| WireError::Topic {
+        field: Field::at("messages", index, "topic"),
+        source,
+    })?;
+    if message.payload.len() > limits.message_bytes_max {
+        return Err(WireError::TooLong {
+            field: Field::at("messages", index, "payload"),
+            len: message.payload.len(),
+            max: limits.message_bytes_max,
+        });
+    }
+    Ok(())
+}
+
+/// Checks a batch's length against `publish.maxBatchMessages`.
+pub fn check_publish_batch_len(len: usize, limits: &PublishLimits) -> Result<(), WireError> {
+    if len > limits.batch_len_max {
+        return Err(WireError::BatchTooLarge {
+            len,
+            max: limits.batch_len_max,
+        });
+    }
+    Ok(())
 }
 
 /// Reads and validates a whole publish batch: the first bad message fails it all, as the
@@ -474,13 +528,7 @@ pub fn read_publish_batch<'a>(
     list: struct_list::Reader<'a, publish_message::Owned>,
     limits: &PublishLimits,
 ) -> Result<Vec<PublishMessageRef<'a>>, WireError> {
-    let len = list.len() as usize;
-    if len > limits.batch_len_max {
-        return Err(WireError::BatchTooLarge {
-            len,
-            max: limits.batch_len_max,
-        });
-    }
+    check_publish_batch_len(list.len() as usize, limits)?;
     (0..list.len())
         .map(|i| read_publish_message(list.get(i), i, limits))
         .collect()

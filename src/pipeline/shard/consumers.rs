@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use super::ShardCore;
 use crate::key::{self, EventKey, KeyError, TopicHash};
-use crate::message::Value;
+use crate::message::CheckedValue;
 use crate::pipeline::dispatcher::TopicDispatch;
 use crate::pipeline::hub::{ConsumerId, Queued, RecipientId};
 use crate::pipeline::inflight::{CopyState, Timer};
@@ -31,7 +31,8 @@ pub enum TagResult {
 #[derive(Clone, Debug)]
 pub struct Delivery {
     pub key: EventKey,
-    pub value: Value,
+    /// Checked once, when the dispatcher read it from the store.
+    pub value: CheckedValue,
     pub attempt: u32,
 }
 

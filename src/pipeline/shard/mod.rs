@@ -31,7 +31,7 @@ mod publish;
 mod transitions;
 
 pub use consumers::{ConsumerError, Delivery, TagResult};
-pub use publish::{PublishError, PublishMessage, StoreBatch};
+pub use publish::StoreBatch;
 
 use std::sync::Arc;
 
@@ -42,7 +42,7 @@ use super::dispatcher::{TopicDispatch, Unapplied};
 use super::hub::{ConsumerId, Hub};
 use super::inflight::InFlight;
 use super::janitor::Janitor;
-use crate::config::{DeliveryConfig, PublishConfig};
+use crate::config::DeliveryConfig;
 
 /// Counters of one shard (the metrics layer reads these).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -94,7 +94,6 @@ pub struct Capacities {
 
 pub struct ShardCore {
     delivery: DeliveryConfig,
-    publish: PublishConfig,
     now_ms: u64,
     next_event_id: u64,
     next_batch_id: u64,
@@ -117,7 +116,7 @@ pub struct ShardCore {
 }
 
 impl ShardCore {
-    pub fn new(delivery: DeliveryConfig, publish: PublishConfig, now_ms: u64) -> ShardCore {
+    pub fn new(delivery: DeliveryConfig, now_ms: u64) -> ShardCore {
         ShardCore {
             hub: Hub::new(
                 delivery.consumer_queue_len_max,
@@ -138,7 +137,6 @@ impl ShardCore {
                 now_ms,
             ),
             delivery,
-            publish,
             now_ms,
             next_event_id: 1,
             next_batch_id: 1,

@@ -5,6 +5,7 @@ use smallvec::SmallVec;
 
 use super::ShardCore;
 use crate::key::{due_bucket_bound, topic_end, EventKey, Key};
+use crate::message::CheckedValue;
 use crate::message::Value;
 use crate::pipeline::dispatcher::ScanRequest;
 use crate::pipeline::hub::{RecipientId, RecipientKind};
@@ -214,13 +215,13 @@ impl ShardCore {
             if self.inflight.entries.contains_key(&key) {
                 continue;
             }
-            let message = match value.message() {
-                Ok(message) => message,
-                Err(_) => {
-                    self.counters.unreadable_values_total += 1;
-                    continue;
-                }
+            // The one check of this value in the pipeline: it is a `CheckedValue` from here to
+            // the consumer (in-flight entry, drain, delivery latency, the deliver call).
+            let Ok(value) = CheckedValue::check(value.clone()) else {
+                self.counters.unreadable_values_total += 1;
+                continue;
             };
+            let message = value.message();
             if message.topic.as_str() != topic_name {
                 continue; // another topic with the same hash
             }
@@ -241,8 +242,8 @@ impl ShardCore {
             self.inflight.entries.insert(
                 key,
                 Entry {
-                    value: Some(value.clone()),
                     expires_at_ms: message.expires_at_ms(),
+                    value: Some(value),
                     copies,
                     deleting: false,
                 },
