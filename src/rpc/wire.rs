@@ -492,6 +492,7 @@ pub fn read_publish_message<'a>(
 
 /// Checks one message against the protocol and the broker's limits: topic 1..=255 bytes, payload
 /// within `publish.maxMessageBytes`.
+#[inline]
 pub fn check_publish_message(
     message: &PublishMessageRef<'_>,
     index: u32,
