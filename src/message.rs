@@ -1,9 +1,9 @@
 //! The stored form of a message: an rkyv archive of [`StoredMessage`], shared as a [`Value`].
 //!
 //! A `Value` is an immutable, 16-byte-aligned buffer behind a reference count, so the store, the
-//! dispatcher and every consumer queue share one copy of each payload. Archives are validated
-//! (bytecheck) on every access: a value read back from disk is untrusted until checked, and the
-//! check costs tens of nanoseconds. rkyv's own error text is empty in release builds, so errors
+//! dispatcher and every consumer queue share one copy of each payload. [`Value::message`]
+//! validates (bytecheck) on every call: a value read back from disk is untrusted until checked,
+//! and the check costs tens of nanoseconds. rkyv's own error text is empty in release builds, so errors
 //! here say what was being decoded.
 //!
 //! A publish builds its archives straight from the request's borrowed slices
