@@ -19,7 +19,8 @@ use futures_lite::future::block_on;
 
 use pinq::config::{AckLevel, DeliveryConfig, PublishConfig};
 use pinq::key::EventKey;
-use pinq::pipeline::{drive, ConsumerId, PublishMessage, ShardCore};
+use pinq::pipeline::{drive, ConsumerId, ShardCore, ValidatedBatch};
+use pinq::rpc::PublishMessage;
 use pinq::store::MemStore;
 
 const TOPIC: &str = "bench";
@@ -48,7 +49,7 @@ fn delivery_config() -> DeliveryConfig {
 
 impl Shard {
     fn new() -> Shard {
-        let mut core = ShardCore::new(delivery_config(), PublishConfig::default(), START_MS);
+        let mut core = ShardCore::new(delivery_config(), START_MS);
         let consumer = core
             .subscribe(START_MS, TOPIC, "workers", uuid::Uuid::from_u128(1))
             .expect("a valid topic");
@@ -62,21 +63,21 @@ impl Shard {
 
     fn publish(&self, topic: &str, n: usize, delay_ms: u64) {
         let message = PublishMessage {
-            delay_ms: delay_ms as i64,
-            ..PublishMessage::new(topic, &[0u8; 64])
+            delay_ms,
+            ..PublishMessage::new(topic, [0u8; 64])
         };
         let mut left = n;
         while left > 0 {
-            let batch = vec![message.clone(); left.min(PUBLISH_BATCH_LEN)];
-            block_on(drive::publish(
-                &self.core,
-                &self.store,
-                self.now_ms,
-                &batch,
+            let messages = vec![message.clone(); left.min(PUBLISH_BATCH_LEN)];
+            let batch = ValidatedBatch::from_messages(
+                &messages,
                 AckLevel::Durable,
-            ))
-            .expect("publish to a memory store");
-            left -= batch.len();
+                &PublishConfig::default(),
+            )
+            .expect("valid messages");
+            block_on(drive::publish(&self.core, &self.store, self.now_ms, batch))
+                .expect("publish to a memory store");
+            left -= messages.len();
         }
     }
 
@@ -118,11 +119,10 @@ fn dispatch_per_message(c: &mut Criterion) {
                 shard.settle();
                 let keys = shard.drain();
                 assert_eq!(keys.len(), DISPATCH_MESSAGES);
-                let tags: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes().as_slice()).collect();
                 let results = shard
                     .core
                     .borrow_mut()
-                    .ack(shard.now_ms, shard.consumer, &tags)
+                    .ack(shard.now_ms, shard.consumer, &keys)
                     .expect("a registered consumer");
                 black_box(results);
                 shard

@@ -4,6 +4,7 @@
 //! Layout (one folder per subsystem; pure cores apart from the glommio shells that drive them):
 //! - [`key`]: the 24-byte event key and the key space;
 //! - [`message`]: the stored message (rkyv) and the shared [`message::Value`];
+//! - [`batch`]: the publish batch, validated and archived once at the edge;
 //! - [`config`]: every setting, its default, loading and validation;
 //! - [`log`]: the command log: every durable change as a `Command`, the `Log` seam, the WAL;
 //! - [`store`]: the storage interface and the in-memory engine;
@@ -19,6 +20,7 @@
 //! - [`cli`]: the `pinq` command line.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod batch;
 pub mod bench;
 pub mod cli;
 pub mod client;

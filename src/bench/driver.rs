@@ -15,6 +15,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use crossbeam_utils::CachePadded;
 use futures_lite::future;
 use glommio::channels::local_channel;
 use glommio::{LocalExecutorBuilder, Placement};
@@ -115,8 +116,11 @@ struct Shared {
     received_in_window: AtomicU64,
     errors: AtomicU64,
     /// Message copies sent (messages × receivers) and first deliveries seen, for the backlog.
-    copies_sent: AtomicU64,
-    copies_delivered: AtomicU64,
+    /// Producer threads add to the first and consumer threads to the second on every batch, so
+    /// each sits on its own cache line: side by side, every add on one side would evict the line
+    /// the other side is writing, and the load generator would measure its own false sharing.
+    copies_sent: CachePadded<AtomicU64>,
+    copies_delivered: CachePadded<AtomicU64>,
 }
 
 impl Shared {
@@ -193,8 +197,8 @@ pub fn run_load(
         stop: AtomicBool::new(false),
         received_in_window: AtomicU64::new(0),
         errors: AtomicU64::new(0),
-        copies_sent: AtomicU64::new(0),
-        copies_delivered: AtomicU64::new(0),
+        copies_sent: CachePadded::new(AtomicU64::new(0)),
+        copies_delivered: CachePadded::new(AtomicU64::new(0)),
         plan: plan.clone(),
     });
     let origin = Instant::now();

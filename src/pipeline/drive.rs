@@ -7,16 +7,16 @@
 use std::cell::RefCell;
 
 use super::deleter::DeleteBatch;
-use super::shard::{PublishError, PublishMessage, ShardCore};
+use super::shard::ShardCore;
+use crate::batch::ValidatedBatch;
 use crate::config::AckLevel;
 use crate::key::EventKey;
 use crate::store::{Store, StoreError, Sync};
 
-/// Why a publish failed.
+/// Why a publish failed. A batch reaches the core validated (see [`crate::batch`]): only the
+/// store can fail it here.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishFailure {
-    #[error(transparent)]
-    Rejected(#[from] PublishError),
     #[error("storage failed: {0}")]
     Store(#[from] StoreError),
 }
@@ -28,16 +28,16 @@ pub fn recover<S: Store>(core: &RefCell<ShardCore>, store: &S) {
         .recover_event_ids(store.event_id_high_water());
 }
 
-/// Validates, stores and announces one publish batch; returns the delivery tags once the batch
-/// has reached the store at the requested level.
+/// Keys, stores and announces one validated publish batch; returns the delivery tags once the
+/// batch has reached the store at its ack level.
 pub async fn publish<S: Store>(
     core: &RefCell<ShardCore>,
     store: &S,
     now_ms: u64,
-    messages: &[PublishMessage],
-    ack: AckLevel,
+    batch: ValidatedBatch,
 ) -> Result<Vec<EventKey>, PublishFailure> {
-    let batch = core.borrow_mut().prepare_publish(now_ms, messages, ack)?;
+    let ack = batch.ack();
+    let batch = core.borrow_mut().prepare_publish(now_ms, batch);
     let sync = if ack == AckLevel::Durable {
         Sync::Durable
     } else {

@@ -27,7 +27,7 @@ use smallvec::SmallVec;
 use super::hub::{ConsumerId, RecipientId};
 use super::memory::give_back;
 use crate::key::EventKey;
-use crate::message::Value;
+use crate::message::CheckedValue;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopyState {
@@ -61,7 +61,7 @@ impl Copy {
 
 pub struct Entry {
     /// The stored message; `None` once every copy is done (nothing will hand it out again).
-    pub value: Option<Value>,
+    pub value: Option<CheckedValue>,
     pub expires_at_ms: Option<u64>,
     pub copies: SmallVec<[Copy; 2]>,
     /// Every copy is done (or the message expired): the key is with the deleter.

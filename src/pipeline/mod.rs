@@ -23,12 +23,12 @@ pub mod janitor;
 pub mod memory;
 pub mod shard;
 
+pub use crate::batch::{PublishError, ValidatedBatch};
 pub use deleter::DeleteBatch;
 pub use dispatcher::ScanRequest;
 pub use hub::{ConsumerId, RecipientId};
 pub use shard::{
-    Capacities, ConsumerError, Counters, Delivery, PublishError, PublishMessage, ShardCore,
-    ShardStats, StoreBatch, TagResult,
+    Capacities, ConsumerError, Counters, Delivery, ShardCore, ShardStats, StoreBatch, TagResult,
 };
 
 #[allow(unused_imports)]

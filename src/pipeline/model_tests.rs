@@ -29,11 +29,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use futures_lite::future::block_on;
 
 use super::drive;
-use super::shard::{Delivery, PublishMessage, StoreBatch, TagResult};
+use super::shard::{Delivery, StoreBatch, TagResult};
+use super::tests::batch;
 use super::tests::Sim;
 use super::ConsumerId;
-use crate::config::{AckLevel, DeliveryConfig};
+use crate::config::DeliveryConfig;
 use crate::key::{due_bucket, EventKey, TopicHash};
+use crate::rpc::PublishMessage;
 
 const SEEDS: u64 = 200;
 const STEPS: usize = 300;
@@ -291,8 +293,8 @@ impl Model {
         };
         self.next_payload += 1;
         PublishMessage {
-            delay_ms: delay_ms as i64,
-            ttl_ms: ttl_ms as i64,
+            delay_ms,
+            ttl_ms,
             ..PublishMessage::new(TOPICS[topic], format!("m{}", self.next_payload).as_bytes())
         }
     }
@@ -303,7 +305,7 @@ impl Model {
         assert_eq!(key.topic_hash(), TopicHash::of(&message.topic));
         assert_eq!(
             key.due_bucket(),
-            due_bucket(now, message.delay_ms as u64, self.cfg.time_bucket_ms),
+            due_bucket(now, message.delay_ms, self.cfg.time_bucket_ms),
             "a key's due bucket is its due time's bucket"
         );
         let fresh = self.messages.insert(
@@ -311,8 +313,8 @@ impl Model {
             Message {
                 topic,
                 enqueued_at_ms: now,
-                delay_ms: message.delay_ms as u64,
-                ttl_ms: message.ttl_ms as u64,
+                delay_ms: message.delay_ms,
+                ttl_ms: message.ttl_ms,
                 stored,
                 abandoned: false,
                 deleted: false,
@@ -328,17 +330,16 @@ impl Model {
 
     fn publish(&mut self) {
         let n = self.rng.usize(1..=3);
-        let batch: Vec<PublishMessage> = (0..n).map(|_| self.new_message()).collect();
+        let messages: Vec<PublishMessage> = (0..n).map(|_| self.new_message()).collect();
         let tags = block_on(drive::publish(
             &self.sim.core,
             &self.sim.store,
             self.now(),
-            &batch,
-            AckLevel::Durable,
+            batch(&messages),
         ))
         .unwrap();
-        assert_eq!(tags.len(), batch.len());
-        for (key, message) in tags.iter().zip(&batch) {
+        assert_eq!(tags.len(), messages.len());
+        for (key, message) in tags.iter().zip(&messages) {
             self.note(format!(
                 "@{} publish {} {:?} delay {} ttl {} -> {key:?}",
                 self.now(),
@@ -361,12 +362,7 @@ impl Model {
             .sim
             .core
             .borrow_mut()
-            .prepare_publish(
-                self.now(),
-                std::slice::from_ref(&message),
-                AckLevel::Durable,
-            )
-            .unwrap();
+            .prepare_publish(self.now(), batch(std::slice::from_ref(&message)));
         let key = batch.messages[0].0;
         self.note(format!(
             "@{} slow publish begins {} delay {} ttl {} -> {key:?}",
@@ -531,7 +527,7 @@ impl Model {
         let Some(m) = self.messages.get(&key) else {
             panic!("{consumer:?} got a message nobody published: {key:?}");
         };
-        let stored = delivery.value.message().unwrap();
+        let stored = delivery.value.message();
         assert_eq!(
             stored.topic.as_str(),
             TOPICS[c.topic],
@@ -622,13 +618,12 @@ impl Model {
 
     fn settle_tags(&mut self, consumer: ConsumerId, tags: &[EventKey], how: Settle) {
         let now = self.now();
-        let raw: Vec<&[u8]> = tags.iter().map(|k| k.as_bytes().as_slice()).collect();
         let results = {
             let mut core = self.sim.core.borrow_mut();
             match how {
-                Settle::Ack => core.ack(now, consumer, &raw),
-                Settle::Nack(delay) => core.nack(now, consumer, &raw, delay),
-                Settle::Touch => core.touch(now, consumer, &raw),
+                Settle::Ack => core.ack(now, consumer, tags),
+                Settle::Nack(delay) => core.nack(now, consumer, tags, delay),
+                Settle::Touch => core.touch(now, consumer, tags),
             }
         }
         .unwrap();

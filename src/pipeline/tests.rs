@@ -9,12 +9,14 @@ use std::task::Poll;
 use futures_lite::future::{block_on, poll_once};
 
 use super::drive::{self, DeleteApplied};
-use super::shard::{Delivery, PublishError, PublishMessage, ShardCore, TagResult};
+use super::shard::{Delivery, ShardCore, TagResult};
 use super::ConsumerId;
+use crate::batch::{PublishError, ValidatedBatch};
 use crate::config::{AckLevel, DeliveryConfig, PublishConfig};
 use crate::key::{self, EventKey, Key, TopicHash};
 use crate::log::Command;
-use crate::message::{StoredMessage, Value};
+use crate::message::{CheckedValue, StoredMessage, Value};
+use crate::rpc::PublishMessage;
 use crate::store::{MemStore, Store, StoreError, Sync};
 
 /// A store that records the rows it hands out and can be told to fail writes, or to hold them
@@ -89,7 +91,7 @@ impl Sim {
     pub fn new(delivery: DeliveryConfig) -> Sim {
         let now_ms = 1_000_000;
         Sim {
-            core: RefCell::new(ShardCore::new(delivery, PublishConfig::default(), now_ms)),
+            core: RefCell::new(ShardCore::new(delivery, now_ms)),
             store: TestStore::default(),
             now_ms,
         }
@@ -99,8 +101,8 @@ impl Sim {
         &mut self,
         topic: &str,
         payload: &str,
-        delay_ms: i64,
-        ttl_ms: i64,
+        delay_ms: u64,
+        ttl_ms: u64,
     ) -> EventKey {
         let message = PublishMessage {
             delay_ms,
@@ -111,8 +113,7 @@ impl Sim {
             &self.core,
             &self.store,
             self.now_ms,
-            &[message],
-            AckLevel::Durable,
+            batch(&[message]),
         ))
         .unwrap();
         tags[0]
@@ -156,10 +157,9 @@ impl Sim {
     }
 
     pub fn ack(&mut self, consumer: ConsumerId, keys: &[EventKey]) -> Vec<TagResult> {
-        let tags: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes().as_slice()).collect();
         self.core
             .borrow_mut()
-            .ack(self.now_ms, consumer, &tags)
+            .ack(self.now_ms, consumer, keys)
             .unwrap()
     }
 
@@ -169,10 +169,9 @@ impl Sim {
         keys: &[EventKey],
         delay_ms: u64,
     ) -> Vec<TagResult> {
-        let tags: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes().as_slice()).collect();
         self.core
             .borrow_mut()
-            .nack(self.now_ms, consumer, &tags, delay_ms)
+            .nack(self.now_ms, consumer, keys, delay_ms)
             .unwrap()
     }
 
@@ -205,8 +204,14 @@ impl Sim {
     }
 }
 
+/// A batch validated as the edge does, for a core with the default `[publish]` config.
+pub(super) fn batch(messages: &[PublishMessage]) -> ValidatedBatch {
+    ValidatedBatch::from_messages(messages, AckLevel::Durable, &PublishConfig::default())
+        .expect("test messages are valid")
+}
+
 pub(super) fn payload(delivery: &Delivery) -> String {
-    String::from_utf8(delivery.value.message().unwrap().payload.to_vec()).unwrap()
+    String::from_utf8(delivery.value.message().payload.to_vec()).unwrap()
 }
 
 fn keys(deliveries: &[Delivery]) -> Vec<EventKey> {
@@ -572,14 +577,6 @@ fn an_ack_from_a_consumer_that_does_not_hold_the_copy_is_refused_and_deletes_not
     assert_eq!(sim.ack(other, &[tag]), vec![TagResult::NotHolder]);
     let unknown = EventKey::new(TopicHash::of("t"), 1, 999_999);
     assert_eq!(sim.ack(holder, &[unknown]), vec![TagResult::UnknownTag]);
-    let malformed: &[u8] = &[1, 2, 3];
-    assert_eq!(
-        sim.core
-            .borrow_mut()
-            .ack(sim.now_ms, holder, &[malformed])
-            .unwrap(),
-        vec![TagResult::Malformed]
-    );
     sim.advance(1_000);
     sim.flush_deletes();
     assert!(sim.stored(&tag));
@@ -794,65 +791,100 @@ fn failed_delete_flushes_are_retried_and_counted() {
 }
 
 #[test]
-fn a_bad_message_rejects_the_whole_batch_and_writes_nothing() {
-    let sim = Sim::new(config());
+fn a_bad_message_refuses_the_whole_batch_once_at_the_edge_with_its_index() {
     let good = PublishMessage::new("t", b"ok");
-    type Expect = fn(&PublishError) -> bool;
-    let cases: Vec<(PublishMessage, Expect)> = vec![
-        (PublishMessage::new("", b"x"), |e| {
-            matches!(e, PublishError::Topic { index: 1, .. })
-        }),
+    let cases = [
         (
-            PublishMessage {
-                delay_ms: -1,
-                ..good.clone()
-            },
-            |e| matches!(e, PublishError::NegativeDelay { .. }),
+            PublishMessage::new("", b"x"),
+            "messages[1].topic: topic name is empty",
         ),
         (
-            PublishMessage {
-                ttl_ms: -5,
-                ..good.clone()
-            },
-            |e| matches!(e, PublishError::NegativeTtl { .. }),
+            PublishMessage::new("t", vec![0; (1 << 20) + 1]),
+            "messages[1].payload is 1048577 bytes, the limit is 1048576",
         ),
-        (PublishMessage::new("t", &vec![0; (1 << 20) + 1]), |e| {
-            matches!(e, PublishError::PayloadTooLarge { .. })
-        }),
-        (PublishMessage::new(&"x".repeat(256), b"x"), |e| {
-            matches!(e, PublishError::Topic { .. })
-        }),
+        (
+            PublishMessage::new("x".repeat(256), b"x"),
+            "messages[1].topic: topic name is 256 bytes, the limit is 255",
+        ),
     ];
     for (bad, expected) in cases {
-        let result = block_on(drive::publish(
-            &sim.core,
-            &sim.store,
-            sim.now_ms,
+        let e = ValidatedBatch::from_messages(
             &[good.clone(), bad],
             AckLevel::Durable,
-        ));
-        match result {
-            Err(drive::PublishFailure::Rejected(e)) => {
-                assert!(expected(&e), "unexpected error {e}")
-            }
-            other => panic!("expected a rejection, got {other:?}"),
-        }
+            &PublishConfig::default(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, PublishError::Invalid(_)), "{e:?}");
+        assert_eq!(e.to_string(), expected);
     }
+    // Nothing of a refused batch reaches a core, so nothing can be stored.
+    let mut sim = Sim::new(config());
+    let c = sim.subscribe("t", "g");
+    sim.settle();
     assert!(sim.store.inner.is_empty());
+    assert!(sim.recv(c).is_empty());
 }
 
 #[test]
-fn a_weaker_ack_level_than_the_floor_is_rejected() {
-    let mut core = ShardCore::new(
-        config(),
-        PublishConfig {
-            ack_level_min: AckLevel::Durable,
-            ..PublishConfig::default()
-        },
-        0,
-    );
-    let result = core.prepare_publish(0, &[PublishMessage::new("t", b"x")], AckLevel::Leader);
+fn a_weaker_ack_level_than_the_floor_is_refused_at_the_edge() {
+    let strict = PublishConfig {
+        ack_level_min: AckLevel::Durable,
+        ..PublishConfig::default()
+    };
+    let result =
+        ValidatedBatch::from_messages(&[PublishMessage::new("t", b"x")], AckLevel::Leader, &strict);
     assert!(matches!(result, Err(PublishError::AckLevelTooWeak { .. })));
+}
+
+#[test]
+fn the_wal_is_handed_the_archives_built_at_the_edge_not_copies() {
+    let mut sim = Sim::new(config());
+    let messages: Vec<PublishMessage> = (0..4)
+        .map(|i| PublishMessage::new(format!("t{i}"), vec![i as u8; 300]))
+        .collect();
+    let validated = batch(&messages);
+    let built_at: Vec<(*const u8, Vec<u8>)> = validated
+        .messages()
+        .iter()
+        .map(|m| (m.value.as_bytes().as_ptr(), m.value.as_bytes().to_vec()))
+        .collect();
+    sim.advance(5);
+    let store_batch = sim.core.borrow_mut().prepare_publish(sim.now_ms, validated);
+    let Command::Store {
+        messages: stored, ..
+    } = store_batch.command()
+    else {
+        panic!("a publish is a store command");
+    };
+    assert_eq!(stored.len(), messages.len());
+    for ((_, value), (at, unstamped)) in stored.iter().zip(&built_at) {
+        assert_eq!(
+            value.as_bytes().as_ptr(),
+            *at,
+            "same allocation as at the edge"
+        );
+        let archived = CheckedValue::check(value.clone()).unwrap();
+        assert_eq!(
+            archived.message().enqueued_at_ms(),
+            sim.now_ms,
+            "stamped in place"
+        );
+        // Only the 8 bytes of the stamp differ from what the edge built.
+        let differing = value
+            .as_bytes()
+            .iter()
+            .zip(unstamped)
+            .filter(|(a, b)| a != b)
+            .count();
+        assert!(differing <= 8, "{differing} bytes changed");
+    }
+    for (m, (_, value)) in messages.iter().zip(&stored) {
+        let decoded = value.decode().unwrap();
+        assert_eq!(
+            (decoded.topic.as_str(), &decoded.payload),
+            (m.topic.as_str(), &m.payload)
+        );
+    }
 }
 
 #[test]
@@ -900,12 +932,7 @@ fn a_publish_not_yet_stored_is_not_skipped_by_a_pass() {
     let slow = sim
         .core
         .borrow_mut()
-        .prepare_publish(
-            sim.now_ms,
-            &[PublishMessage::new("t", b"slow")],
-            AckLevel::Durable,
-        )
-        .unwrap();
+        .prepare_publish(sim.now_ms, batch(&[PublishMessage::new("t", b"slow")]));
     sim.publish("t", "fast");
     sim.settle();
     sim.store.inner.apply(&slow.command());
@@ -970,12 +997,7 @@ fn a_publish_being_written_does_not_make_the_dispatcher_spin() {
     let slow = sim
         .core
         .borrow_mut()
-        .prepare_publish(
-            sim.now_ms,
-            &[PublishMessage::new("t", b"slow")],
-            AckLevel::Durable,
-        )
-        .unwrap();
+        .prepare_publish(sim.now_ms, batch(&[PublishMessage::new("t", b"slow")]));
     sim.publish("t", "fast");
     sim.settle();
     assert!(
@@ -1010,12 +1032,7 @@ fn a_publish_being_written_behind_the_cursor_does_not_make_the_dispatcher_spin()
     let slow = sim
         .core
         .borrow_mut()
-        .prepare_publish(
-            sim.now_ms,
-            &[PublishMessage::new("t", b"slow")],
-            AckLevel::Durable,
-        )
-        .unwrap();
+        .prepare_publish(sim.now_ms, batch(&[PublishMessage::new("t", b"slow")]));
     sim.settle();
     assert!(
         sim.core.borrow().next_wake_ms() > sim.now_ms,
@@ -1056,8 +1073,7 @@ fn publish_many(sim: &Sim, topic: &str, n: usize) {
             &sim.core,
             &sim.store,
             sim.now_ms,
-            chunk,
-            AckLevel::Durable,
+            batch(chunk),
         ))
         .unwrap();
     }
@@ -1320,8 +1336,7 @@ fn repeated_touches_of_one_copy_do_not_grow_the_timer_heap_without_bound() {
     sim.settle();
     sim.recv(c);
     for _ in 0..10_000 {
-        let tags = [tag.as_bytes().as_slice()];
-        let results = sim.core.borrow_mut().touch(sim.now_ms, c, &tags).unwrap();
+        let results = sim.core.borrow_mut().touch(sim.now_ms, c, &[tag]).unwrap();
         assert_eq!(results, vec![TagResult::Ok]);
     }
     let timers = sim.core.borrow().timers_len();

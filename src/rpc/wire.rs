@@ -15,7 +15,10 @@ use super::pinq_capnp::{
 };
 use crate::config::{AckLevel, PublishConfig};
 use crate::key::{validate_topic, EventKey, KeyError};
-use crate::message::{ArchivedStoredMessage, Header, StoredMessage};
+pub use crate::message::HeaderRef;
+use crate::message::{
+    ArchivedStoredMessage, CodecError, Header, StoredMessage, StoredMessageRef, UnstampedValue,
+};
 
 /// Errors reading or writing a protocol message.
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +199,66 @@ pub fn parse_tag(list: data_list::Reader<'_>, index: u32) -> Result<EventKey, Wi
     })
 }
 
+/// The tags of an ACK, NACK or touch, parsed once at the edge: the well-formed ones as
+/// [`EventKey`]s in request order, which is all the owning shard sees, and where each sits in the
+/// request. A tag that is not an event key is answered "malformed" for its entry by
+/// [`SettleTags::answers`] rather than failing the whole call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SettleTags {
+    pub keys: Vec<EventKey>,
+    /// `places[i]` is the index in the request of `keys[i]`.
+    places: Vec<u32>,
+    len: u32,
+}
+
+impl SettleTags {
+    /// Parses every tag of `list`; only a broken Cap'n Proto list is an error.
+    pub fn read(list: data_list::Reader<'_>) -> Result<SettleTags, WireError> {
+        let len = list.len();
+        let mut tags = SettleTags {
+            keys: Vec::with_capacity(len as usize),
+            places: Vec::with_capacity(len as usize),
+            len,
+        };
+        for i in 0..len {
+            match parse_tag(list, i) {
+                Ok(key) => {
+                    tags.keys.push(key);
+                    tags.places.push(i);
+                }
+                Err(WireError::Capnp(e)) => return Err(WireError::Capnp(e)),
+                Err(_) => {}
+            }
+        }
+        Ok(tags)
+    }
+
+    /// Number of tags in the request, well formed or not.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// One answer per tag of the request, in its order: `settled[i]` for the `i`-th well-formed
+    /// tag (`keys[i]`, which the caller may have taken to send on), `malformed` for every tag that
+    /// was not an event key.
+    pub fn answers<T: Copy>(&self, settled: &[T], malformed: T) -> Vec<T> {
+        assert_eq!(
+            settled.len(),
+            self.places.len(),
+            "one settle result per well-formed tag"
+        );
+        let mut out = vec![malformed; self.len as usize];
+        for (place, result) in self.places.iter().zip(settled) {
+            out[*place as usize] = *result;
+        }
+        out
+    }
+}
+
 /// Reads a list of tags a peer must have sent well formed (the tags of a publish reply): any bad
 /// tag fails the whole list.
 pub fn read_tags(list: data_list::Reader<'_>) -> Result<Vec<EventKey>, WireError> {
@@ -233,6 +296,27 @@ impl PublishMessage {
             topic: topic.into(),
             payload: payload.into(),
             ..PublishMessage::default()
+        }
+    }
+}
+
+impl PublishMessage {
+    /// This message as the server's reader would have produced it from the wire (in-process
+    /// publishers, tests and benches); not yet checked against any limit.
+    pub fn borrow(&self) -> PublishMessageRef<'_> {
+        PublishMessageRef {
+            topic: &self.topic,
+            payload: &self.payload,
+            delay_ms: self.delay_ms,
+            ttl_ms: self.ttl_ms,
+            headers: self
+                .headers
+                .iter()
+                .map(|h| HeaderRef {
+                    key: &h.key,
+                    value: &h.value,
+                })
+                .collect(),
         }
     }
 }
@@ -306,13 +390,6 @@ impl From<&PublishConfig> for PublishLimits {
     }
 }
 
-/// One header of a [`PublishMessageRef`], borrowed from the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeaderRef<'a> {
-    pub key: &'a str,
-    pub value: &'a [u8],
-}
-
 /// A validated message of a publish request, borrowing from the request: topic 1..=255 bytes of
 /// UTF-8, payload within the limit, non-negative delay and TTL, UTF-8 header keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -344,6 +421,19 @@ impl PublishMessageRef<'_> {
         }
     }
 
+    /// Archives this message straight from the borrowed fields (the one copy of its payload on
+    /// the publish path); the owning shard stamps the enqueue time in later.
+    pub fn archive(&self) -> Result<UnstampedValue, CodecError> {
+        UnstampedValue::encode(&StoredMessageRef {
+            topic: self.topic,
+            payload: self.payload,
+            enqueued_at_ms: 0,
+            delay_ms: self.delay_ms,
+            ttl_ms: self.ttl_ms,
+            headers: &self.headers,
+        })
+    }
+
     /// The message as a client would have built it (tests and tools).
     pub fn to_owned_message(&self) -> PublishMessage {
         let stored = self.to_stored(0);
@@ -361,26 +451,16 @@ fn unsigned_ms(value: i64, field: Field) -> Result<u64, WireError> {
     u64::try_from(value).map_err(|_| WireError::Negative { field, value })
 }
 
-/// Reads and validates one message of a publish batch (`index` is for error texts).
+/// Reads and validates one message of a publish batch (`index` is for error texts). What only
+/// the wire can get wrong (UTF-8, signs) is checked while reading; the limits are checked by
+/// [`check_publish_message`], the one check in-process publishers go through too.
 pub fn read_publish_message<'a>(
     reader: publish_message::Reader<'a>,
     index: u32,
     limits: &PublishLimits,
 ) -> Result<PublishMessageRef<'a>, WireError> {
-    let topic_field = Field::at("messages", index, "topic");
-    let topic = text(reader.get_topic()?, topic_field)?;
-    validate_topic(topic).map_err(|source| WireError::Topic {
-        field: topic_field,
-        source,
-    })?;
+    let topic = text(reader.get_topic()?, Field::at("messages", index, "topic"))?;
     let payload = reader.get_payload()?;
-    if payload.len() > limits.message_bytes_max {
-        return Err(WireError::TooLong {
-            field: Field::at("messages", index, "payload"),
-            len: payload.len(),
-            max: limits.message_bytes_max,
-        });
-    }
     let delay_ms = unsigned_ms(
         reader.get_delay_ms(),
         Field::at("messages", index, "delayMs"),
@@ -399,13 +479,48 @@ pub fn read_publish_message<'a>(
     } else {
         Vec::new()
     };
-    Ok(PublishMessageRef {
+    let message = PublishMessageRef {
         topic,
         payload,
         delay_ms,
         ttl_ms,
         headers,
-    })
+    };
+    check_publish_message(&message, index, limits)?;
+    Ok(message)
+}
+
+/// Checks one message against the protocol and the broker's limits: topic 1..=255 bytes, payload
+/// within `publish.maxMessageBytes`.
+#[inline]
+pub fn check_publish_message(
+    message: &PublishMessageRef<'_>,
+    index: u32,
+    limits: &PublishLimits,
+) -> Result<(), WireError> {
+    validate_topic(message.topic).map_err(|source| WireError::Topic {
+        field: Field::at("messages", index, "topic"),
+        source,
+    })?;
+    if message.payload.len() > limits.message_bytes_max {
+        return Err(WireError::TooLong {
+            field: Field::at("messages", index, "payload"),
+            len: message.payload.len(),
+            max: limits.message_bytes_max,
+        });
+    }
+    Ok(())
+}
+
+/// Checks a batch's length against `publish.maxBatchMessages`.
+pub fn check_publish_batch_len(len: usize, limits: &PublishLimits) -> Result<(), WireError> {
+    if len > limits.batch_len_max {
+        return Err(WireError::BatchTooLarge {
+            len,
+            max: limits.batch_len_max,
+        });
+    }
+    Ok(())
 }
 
 /// Reads and validates a whole publish batch: the first bad message fails it all, as the
@@ -414,13 +529,7 @@ pub fn read_publish_batch<'a>(
     list: struct_list::Reader<'a, publish_message::Owned>,
     limits: &PublishLimits,
 ) -> Result<Vec<PublishMessageRef<'a>>, WireError> {
-    let len = list.len() as usize;
-    if len > limits.batch_len_max {
-        return Err(WireError::BatchTooLarge {
-            len,
-            max: limits.batch_len_max,
-        });
-    }
+    check_publish_batch_len(list.len() as usize, limits)?;
     (0..list.len())
         .map(|i| read_publish_message(list.get(i), i, limits))
         .collect()

@@ -20,11 +20,11 @@ use glommio::net::TcpStream;
 use super::mesh::{Request, SettleOp, SinkAddr};
 use super::shard::{Shard, Sink};
 use super::Topology;
+use crate::batch::{PublishError, ShardPart, ValidatedBatch};
 use crate::key::{EventKey, TopicHash};
-use crate::message::Header;
 use crate::pipeline::{self, ConsumerId, TagResult};
 use crate::rpc::pinq_capnp::{broker, consumer, subscription, TagResult as WireTagResult};
-use crate::rpc::{self, OutgoingDelivery, PublishLimits, WireError};
+use crate::rpc::{self, OutgoingDelivery, PublishLimits, SettleTags, WireError};
 
 /// Deliveries per `deliver` call.
 const DELIVER_BATCH_MAX: usize = 256;
@@ -68,6 +68,14 @@ fn wire(e: WireError) -> capnp::Error {
     e.into_capnp()
 }
 
+/// A refused batch: a wire error keeps its own text (it names the field and index).
+fn publish_refused(e: PublishError) -> capnp::Error {
+    match e {
+        PublishError::Invalid(e) => e.into_capnp(),
+        other => failed(format!("publish: {other}")),
+    }
+}
+
 fn to_wire(result: TagResult) -> WireTagResult {
     match result {
         TagResult::Ok => WireTagResult::Ok,
@@ -104,52 +112,31 @@ impl broker::Server for BrokerImpl {
         params: broker::PublishParams,
         mut results: broker::PublishResults,
     ) -> Result<(), capnp::Error> {
-        let (ack, by_shard, len) = {
+        let (parts, len) = {
             let params = params.get()?;
             let ack = rpc::read_ack_level(params.get_ack_level()).map_err(wire)?;
             let limits = PublishLimits::from(&self.topology.publish);
-            let batch = rpc::read_publish_batch(params.get_messages()?, &limits).map_err(wire)?;
-            // Split by owning shard, remembering each message's place for the reply.
-            let mut by_shard: Vec<(Vec<usize>, Vec<pipeline::PublishMessage>)> =
-                (0..self.shard.count)
-                    .map(|_| (Vec::new(), Vec::new()))
-                    .collect();
-            for (index, m) in batch.iter().enumerate() {
-                let owner = TopicHash::of(m.topic).shard(self.shard.count);
-                by_shard[owner].0.push(index);
-                by_shard[owner].1.push(pipeline::PublishMessage {
-                    topic: m.topic.to_owned(),
-                    payload: m.payload.to_vec(),
-                    delay_ms: m.delay_ms.min(i64::MAX as u64) as i64,
-                    ttl_ms: m.ttl_ms.min(i64::MAX as u64) as i64,
-                    headers: m
-                        .headers
-                        .iter()
-                        .map(|h| Header {
-                            key: h.key.to_owned(),
-                            value: h.value.to_vec(),
-                        })
-                        .collect(),
-                });
-            }
-            (ack, by_shard, batch.len())
+            let messages =
+                rpc::read_publish_batch(params.get_messages()?, &limits).map_err(wire)?;
+            let parts =
+                ValidatedBatch::split(&messages, ack, &self.topology.publish, self.shard.count)
+                    .map_err(publish_refused)?;
+            (parts, messages.len())
         };
         let mut tags = vec![EventKey::new(TopicHash(0), 0, 0); len];
-        for (owner, (places, messages)) in by_shard.into_iter().enumerate() {
-            if messages.is_empty() {
-                continue;
-            }
+        for ShardPart {
+            shard: owner,
+            places,
+            batch,
+        } in parts
+        {
             let shard_tags = self
                 .shard
-                .call(owner, |reply| Request::Publish {
-                    messages,
-                    ack,
-                    reply,
-                })
+                .call(owner, |reply| Request::Publish { batch, reply })
                 .await
                 .map_err(|e| failed(format!("publish: {e}")))?;
             for (place, tag) in places.into_iter().zip(shard_tags) {
-                tags[place] = tag;
+                tags[place as usize] = tag;
             }
         }
         rpc::write_tags(results.get().init_tags(tags.len() as u32), &tags);
@@ -344,12 +331,10 @@ async fn forward(
         {
             let outgoing: Vec<OutgoingDelivery<'_, crate::message::ArchivedStoredMessage>> = batch
                 .iter()
-                .filter_map(|d| {
-                    d.value.message().ok().map(|message| OutgoingDelivery {
-                        tag: d.key,
-                        message,
-                        attempt: d.attempt,
-                    })
+                .map(|d| OutgoingDelivery {
+                    tag: d.key,
+                    message: d.value.message(),
+                    attempt: d.attempt,
                 })
                 .collect();
             let list = request.get().init_deliveries(outgoing.len() as u32);
@@ -384,31 +369,23 @@ impl SubscriptionImpl {
         if self.closed.get() {
             return Err(failed("subscription is closed"));
         }
-        let mut results = vec![TagResult::Malformed; tags.len() as usize];
-        let mut places = Vec::with_capacity(tags.len() as usize);
-        let mut keys = Vec::with_capacity(tags.len() as usize);
-        for i in 0..tags.len() {
-            if let Ok(key) = rpc::parse_tag(tags, i) {
-                places.push(i as usize);
-                keys.push(key);
-            }
+        let mut tags = SettleTags::read(tags).map_err(wire)?;
+        if tags.keys.is_empty() {
+            return Ok(tags.answers(&[], TagResult::Malformed));
         }
-        if !keys.is_empty() {
-            let consumer = self.consumer;
-            let settled = self
-                .shard
-                .call(self.owner, |reply| Request::Settle {
-                    consumer,
-                    op,
-                    tags: keys,
-                    reply,
-                })
-                .await
-                .map_err(failed)?;
-            for (place, result) in places.into_iter().zip(settled) {
-                results[place] = result;
-            }
-        }
+        let consumer = self.consumer;
+        let keys = std::mem::take(&mut tags.keys);
+        let settled = self
+            .shard
+            .call(self.owner, |reply| Request::Settle {
+                consumer,
+                op,
+                tags: keys,
+                reply,
+            })
+            .await
+            .map_err(failed)?;
+        let results = tags.answers(&settled, TagResult::Malformed);
         Ok(results)
     }
 

@@ -4,9 +4,8 @@
 
 use futures_channel::oneshot;
 
-use crate::config::AckLevel;
 use crate::key::EventKey;
-use crate::pipeline::{ConsumerId, Delivery, PublishMessage, ShardStats, TagResult};
+use crate::pipeline::{ConsumerId, Delivery, ShardStats, TagResult, ValidatedBatch};
 
 /// Where a subscription's deliveries go: a sink on the shard that owns the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,9 +25,9 @@ pub type Reply<T> = oneshot::Sender<Result<T, String>>;
 
 /// Work for the shard that owns a topic.
 pub enum Request {
+    /// Messages the edge validated and archived; the owning shard only keys and stamps them.
     Publish {
-        messages: Vec<PublishMessage>,
-        ack: AckLevel,
+        batch: ValidatedBatch,
         reply: Reply<Vec<EventKey>>,
     },
     Subscribe {

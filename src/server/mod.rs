@@ -246,7 +246,7 @@ async fn shard_main(
         Ok(store) => store,
         Err(e) => return fail(format!("cannot open storage: {e}")),
     };
-    let core = ShardCore::new(config.delivery.clone(), config.publish.clone(), now_ms());
+    let core = ShardCore::new(config.delivery.clone(), now_ms());
     let (dispatcher, dispatcher_kicks) = Kick::new();
     let (deleter, deleter_kicks) = Kick::new();
     let shard = Rc::new(Shard::new(

@@ -198,11 +198,7 @@ impl Shard {
     /// Handles a request on its owning shard.
     pub async fn handle(self: &Rc<Self>, request: Request) {
         match request {
-            Request::Publish {
-                messages,
-                ack,
-                reply,
-            } => {
+            Request::Publish { batch, reply } => {
                 if self.draining.get() {
                     let _ = reply.send(Err(format!(
                         "shard {} is shutting down: nothing was stored, publish again once the broker is back",
@@ -212,8 +208,7 @@ impl Shard {
                 }
                 let in_progress = InProgress::enter(&self.publishing);
                 let started = Instant::now();
-                let result =
-                    drive::publish(&self.core, &self.store, now_ms(), &messages, ack).await;
+                let result = drive::publish(&self.core, &self.store, now_ms(), batch).await;
                 drop(in_progress);
                 if result.is_ok() {
                     let us = started.elapsed().as_micros() as u64;
@@ -256,7 +251,6 @@ impl Shard {
                 tags,
                 reply,
             } => {
-                let tags: Vec<&[u8]> = tags.iter().map(|t| t.as_bytes().as_slice()).collect();
                 let now = now_ms();
                 let result = {
                     let mut core = self.core.borrow_mut();
@@ -388,12 +382,11 @@ impl Shard {
     fn record_delivery_latency(&self, now_ms: u64, deliveries: &[Delivery]) {
         let mut recorder = self.recorder.borrow_mut();
         for delivery in deliveries.iter().filter(|d| d.attempt == 1) {
-            if let Ok(message) = delivery.value.message() {
-                let due_ms = message.enqueued_at_ms().saturating_add(message.delay_ms());
-                recorder
-                    .delivery_latency
-                    .record(now_ms.saturating_sub(due_ms).saturating_mul(1000));
-            }
+            let message = delivery.value.message();
+            let due_ms = message.enqueued_at_ms().saturating_add(message.delay_ms());
+            recorder
+                .delivery_latency
+                .record(now_ms.saturating_sub(due_ms).saturating_mul(1000));
         }
     }
 

@@ -405,3 +405,38 @@ fn unknown_enumerants_from_a_newer_peer_are_refused() {
         "ackLevel has an unknown value 9 (newer peer?)"
     );
 }
+
+#[test]
+fn settle_tags_are_parsed_once_into_event_keys_and_malformed_ones_answered_per_tag() {
+    let mut message = Builder::new_default();
+    let params = message.init_root::<subscription::ack_params::Builder>();
+    let mut list = params.init_tags(5);
+    list.set(0, &[1u8; 3]);
+    list.set(1, key(7).as_bytes());
+    list.set(2, &[0u8; 25]);
+    list.set(3, key(8).as_bytes());
+    list.set(4, &[]);
+    let reader = through_bytes(&message);
+    let tags_reader = reader
+        .get_root::<subscription::ack_params::Reader>()
+        .unwrap()
+        .get_tags()
+        .unwrap();
+    let mut tags = SettleTags::read(tags_reader).unwrap();
+    assert_eq!(tags.len(), 5);
+    assert_eq!(tags.keys, vec![key(7), key(8)]);
+    // The shard answers only the keys it was sent; the edge puts them back in request order.
+    let sent = std::mem::take(&mut tags.keys);
+    assert_eq!(sent.len(), 2);
+    let answers = tags.answers(&[TagResult::Ok, TagResult::NotHolder], TagResult::Malformed);
+    assert_eq!(
+        answers,
+        vec![
+            TagResult::Malformed,
+            TagResult::Ok,
+            TagResult::Malformed,
+            TagResult::NotHolder,
+            TagResult::Malformed,
+        ]
+    );
+}

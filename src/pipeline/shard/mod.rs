@@ -1,0 +1,226 @@
+//! `ShardCore`: one shard's whole delivery pipeline as a pure state machine.
+//!
+//! It owns the hub, the in-flight table, the per-topic dispatch state, the deleter and the
+//! janitor, and ties them together. It performs no I/O and reads no clock: every call takes
+//! `now_ms` (clamped so shard time never goes back), store reads come in as data
+//! ([`ShardCore::on_scan`]), and changes to durable state go out as commands
+//! ([`StoreBatch`], [`DeleteBatch`]) that the shell applies, so a replicated log can later sit in
+//! front of the store without changing anything here.
+//!
+//! The shell (`super::drive` helpers, driven by a glommio task per shard) calls, in a loop:
+//! `plan_pass` → scans → `on_scan`, `take_delete_batch` → write → `on_delete_applied`, the janitor
+//! pages, `drain` for consumers in `take_ready`, and sleeps until `next_wake_ms`.
+//!
+//! Backpressure: while the deleter's backlog (keys queued or in delete batches not yet applied)
+//! is at or over `deleteBacklogMaxKeys`, `plan_pass` does nothing: no scans, no retry lists, no
+//! timers. Consumers drain what is already queued for them and then get nothing new, so their
+//! ACKs, and with them the backlog, stop growing; producers slow down as the store fills. The
+//! backlog can pass the bound only by copies already handed out when the pause began and by
+//! expired keys the janitor finds. The applied delete that brings the backlog under the bound
+//! wakes the dispatcher (`on_delete_applied` returns `true`, and sets `wake`).
+//!
+//! The core is split by responsibility: [`publish`] assigns keys to validated batches,
+//! [`consumers`] registers consumers and settles their tags, [`transitions`] moves copies between
+//! states and offers them, [`passes`] plans dispatch passes and takes scan results in, and
+//! [`deletes`] feeds the deleter and the janitor. This file holds the state they share.
+
+mod consumers;
+mod deletes;
+mod passes;
+mod publish;
+mod transitions;
+
+pub use consumers::{ConsumerError, Delivery, TagResult};
+pub use publish::StoreBatch;
+
+use std::sync::Arc;
+
+use ahash::{AHashMap, AHashSet};
+
+use super::deleter::{Deleter, DeleterLimits};
+use super::dispatcher::{TopicDispatch, Unapplied};
+use super::hub::{ConsumerId, Hub};
+use super::inflight::InFlight;
+use super::janitor::Janitor;
+use crate::config::DeliveryConfig;
+
+/// Counters of one shard (the metrics layer reads these).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub published_total: u64,
+    pub dispatched_total: u64,
+    pub redelivered_total: u64,
+    pub acked_total: u64,
+    pub ack_refused_total: u64,
+    pub nacked_total: u64,
+    pub redeliveries_timeout_total: u64,
+    pub redeliveries_nack_total: u64,
+    pub redeliveries_disconnect_total: u64,
+    pub expired_dispatcher_total: u64,
+    pub expired_janitor_total: u64,
+    pub consumer_queue_full_total: u64,
+    pub unreadable_values_total: u64,
+    pub groups_forgotten_total: u64,
+    /// Times dispatch paused because the delete backlog reached `deleteBacklogMaxKeys` (pause
+    /// episodes, not passes skipped).
+    pub delete_backlog_pauses_total: u64,
+}
+
+/// A snapshot of a shard's figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    pub counters: Counters,
+    /// Messages dispatched with at least one copy not yet settled (Pending, Delayed or Held):
+    /// entries whose copies are all done and only wait for their delete are not counted.
+    pub in_flight: usize,
+    pub active_consumers: usize,
+    pub delete_batches_total: u64,
+    pub deleted_keys_total: u64,
+    pub delete_failures_total: u64,
+    pub delete_queued: usize,
+    /// Keys not yet deleted: queued, or in delete batches not yet applied.
+    pub delete_backlog: usize,
+    pub pending_copies: usize,
+}
+
+/// Capacities of the tables that grow with load (memory accounting, tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capacities {
+    pub in_flight_entries: usize,
+    pub timers: usize,
+    pub delete_queue: usize,
+    pub delete_known: usize,
+}
+
+pub struct ShardCore {
+    delivery: DeliveryConfig,
+    now_ms: u64,
+    next_event_id: u64,
+    next_batch_id: u64,
+    hub: Hub,
+    inflight: InFlight,
+    topics: AHashMap<Arc<str>, TopicDispatch>,
+    unapplied: Unapplied,
+    deleter: Deleter,
+    janitor: Janitor,
+    /// In-flight entries marked `deleting` (all copies done, or expired), kept so `stats` need
+    /// not walk the table.
+    deleting_entries: usize,
+    /// The last pass found the delete backlog at its bound and did nothing.
+    paused: bool,
+    ready: AHashSet<ConsumerId>,
+    /// Something happened that the next pass should act on at once.
+    wake: bool,
+    productive: bool,
+    counters: Counters,
+}
+
+impl ShardCore {
+    pub fn new(delivery: DeliveryConfig, now_ms: u64) -> ShardCore {
+        ShardCore {
+            hub: Hub::new(
+                delivery.consumer_queue_len_max,
+                delivery.unacked_per_consumer_max,
+            ),
+            deleter: Deleter::new(
+                DeleterLimits {
+                    interval_ms: delivery.delete_batch_interval_ms,
+                    batch_keys_max: delivery.delete_batch_keys_max,
+                    batches_in_flight_max: delivery.delete_batches_in_flight_max,
+                    backlog_keys_max: delivery.delete_backlog_keys_max,
+                },
+                now_ms,
+            ),
+            janitor: Janitor::new(
+                delivery.ttl_sweep_interval_ms,
+                delivery.scan_batch_len_max.max(1024),
+                now_ms,
+            ),
+            delivery,
+            now_ms,
+            next_event_id: 1,
+            next_batch_id: 1,
+            inflight: InFlight::new(),
+            topics: AHashMap::new(),
+            unapplied: Unapplied::default(),
+            deleting_entries: 0,
+            paused: false,
+            ready: AHashSet::new(),
+            wake: false,
+            productive: false,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Advances shard time; the wall clock may step back, shard time never does.
+    fn tick(&mut self, now_ms: u64) -> u64 {
+        self.now_ms = self.now_ms.max(now_ms);
+        self.now_ms
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// Continues event ids after a restart from the persisted high-water mark.
+    pub fn recover_event_ids(&mut self, high_water: u64) {
+        self.next_event_id = self.next_event_id.max(high_water.saturating_add(1));
+    }
+
+    // ---- figures -------------------------------------------------------------------------
+
+    pub fn stats(&self) -> ShardStats {
+        assert!(
+            self.deleting_entries <= self.inflight.len(),
+            "{} entries counted as deleting, {} in the table",
+            self.deleting_entries,
+            self.inflight.len()
+        );
+        ShardStats {
+            counters: self.counters.clone(),
+            in_flight: self.inflight.len() - self.deleting_entries,
+            active_consumers: self.hub.consumers.len(),
+            delete_batches_total: self.deleter.batches_total,
+            deleted_keys_total: self.deleter.keys_total,
+            delete_failures_total: self.deleter.failures_total,
+            delete_queued: self.deleter.queued(),
+            delete_backlog: self.deleter.backlog(),
+            pending_copies: self.hub.recipients.values().map(|r| r.pending.len()).sum(),
+        }
+    }
+
+    /// A consumer's UUID, topic and current queue length (for the shell and for tests).
+    pub fn consumer_info(&self, consumer: ConsumerId) -> Option<(uuid::Uuid, &str, usize, usize)> {
+        self.hub
+            .consumers
+            .get(&consumer)
+            .map(|c| (c.uuid, c.topic.as_ref(), c.queue.len(), c.held.len()))
+    }
+
+    pub fn consumer_count(&self) -> usize {
+        self.hub.consumers.len()
+    }
+
+    /// Number of timers in the heap, live or stale (for benchmarks and memory accounting).
+    pub fn timers_len(&self) -> usize {
+        self.inflight.timers_len()
+    }
+
+    /// Whether an in-flight entry for `key` still holds its value (`None`: no entry).
+    #[cfg(test)]
+    pub(crate) fn value_held(&self, key: &crate::key::EventKey) -> Option<bool> {
+        self.inflight.entries.get(key).map(|e| e.value.is_some())
+    }
+
+    /// Capacities of the tables that grow with load (memory accounting, tests).
+    pub fn capacities(&self) -> Capacities {
+        let (in_flight_entries, timers) = self.inflight.capacities();
+        let (delete_queue, delete_known) = self.deleter.capacities();
+        Capacities {
+            in_flight_entries,
+            timers,
+            delete_queue,
+            delete_known,
+        }
+    }
+}

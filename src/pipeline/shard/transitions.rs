@@ -1,0 +1,126 @@
+//! Copy transitions: a copy back to its retry list, forgotten, expired, or offered to a consumer;
+//! an entry whose copies are all done goes to the deleter. Every state change of a copy is here.
+
+use super::ShardCore;
+use crate::key::EventKey;
+use crate::pipeline::hub::{Queued, RecipientId};
+use crate::pipeline::inflight::{CopyState, Entry, Timer};
+
+impl ShardCore {
+    /// Puts a copy back in its recipient's retry list, or forgets it if the recipient is gone.
+    pub(super) fn make_pending(&mut self, key: EventKey, recipient: RecipientId) {
+        let Some(r) = self.hub.recipients.get_mut(&recipient) else {
+            self.forget_copy(key, recipient);
+            return;
+        };
+        let generation = self.inflight.next_generation();
+        let Some(copy) = self
+            .inflight
+            .entries
+            .get_mut(&key)
+            .and_then(|e| e.copy_mut(recipient))
+        else {
+            return;
+        };
+        if copy.is_done() || copy.state == CopyState::Pending {
+            return;
+        }
+        copy.state = CopyState::Pending;
+        copy.generation = generation;
+        r.pending.push_back(key);
+        self.wake = true;
+    }
+
+    pub(super) fn forget_copy(&mut self, key: EventKey, recipient: RecipientId) {
+        if let Some(copy) = self
+            .inflight
+            .entries
+            .get_mut(&key)
+            .and_then(|e| e.copy_mut(recipient))
+        {
+            if !copy.is_done() {
+                copy.state = CopyState::Forgotten;
+                copy.generation = 0;
+            }
+        }
+        self.complete_if_done(key);
+    }
+
+    pub(super) fn complete_if_done(&mut self, key: EventKey) {
+        if let Some(entry) = self.inflight.entries.get_mut(&key) {
+            if !entry.deleting && entry.all_done() {
+                Self::mark_deleting(entry, &mut self.deleting_entries);
+                self.deleter.mark(key);
+            }
+        }
+    }
+
+    /// The entry only waits for its delete now: nothing hands its value out again, so it is
+    /// dropped here rather than when the (possibly much later) delete is applied.
+    pub(super) fn mark_deleting(entry: &mut Entry, deleting_entries: &mut usize) {
+        if !entry.deleting {
+            entry.deleting = true;
+            *deleting_entries += 1;
+        }
+        entry.value = None;
+    }
+
+    /// An expired message: every copy is dropped and the key goes to the deleter.
+    pub(super) fn expire(&mut self, key: EventKey) {
+        if let Some(entry) = self.inflight.entries.get_mut(&key) {
+            for copy in entry.copies.iter_mut() {
+                if let CopyState::Held { consumer, .. } = copy.state {
+                    if let Some(c) = self.hub.consumers.get_mut(&consumer) {
+                        c.held.remove(&key);
+                    }
+                }
+                if !copy.is_done() {
+                    copy.state = CopyState::Forgotten;
+                }
+            }
+            Self::mark_deleting(entry, &mut self.deleting_entries);
+        }
+        self.deleter.mark(key);
+    }
+
+    /// Hands a copy to a consumer of its recipient, if one has room.
+    pub(super) fn offer(&mut self, key: EventKey, recipient: RecipientId, now_ms: u64) -> bool {
+        let (chosen, skipped) = self.hub.choose(recipient);
+        self.counters.consumer_queue_full_total += skipped;
+        let Some(consumer) = chosen else { return false };
+        let generation = self.inflight.next_generation();
+        let deadline_ms = now_ms.saturating_add(self.delivery.in_flight_timeout_ms);
+        let Some(copy) = self
+            .inflight
+            .entries
+            .get_mut(&key)
+            .and_then(|e| e.copy_mut(recipient))
+        else {
+            return false;
+        };
+        copy.state = CopyState::Held {
+            consumer,
+            deadline_ms,
+        };
+        copy.attempt += 1;
+        copy.generation = generation;
+        let attempt = copy.attempt;
+        self.inflight.schedule(Timer {
+            at_ms: deadline_ms,
+            key,
+            recipient,
+            generation,
+        });
+        if let Some(c) = self.hub.consumers.get_mut(&consumer) {
+            c.queue.push_back(Queued { key, attempt });
+            c.held.insert(key);
+        }
+        self.ready.insert(consumer);
+        self.counters.dispatched_total += 1;
+        if attempt > 1 {
+            self.counters.redelivered_total += 1;
+        }
+        self.productive = true;
+        true
+    }
+}
