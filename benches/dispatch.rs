@@ -21,7 +21,7 @@ use pinq::config::{AckLevel, DeliveryConfig, PublishConfig};
 use pinq::key::EventKey;
 use pinq::pipeline::{drive, ConsumerId, ShardCore, ValidatedBatch};
 use pinq::rpc::PublishMessage;
-use pinq::store::MemStore;
+use pinq::storage::MemStore;
 
 const TOPIC: &str = "bench";
 const START_MS: u64 = 1_000_000;

@@ -21,7 +21,7 @@ use pinq::key::{EventKey, TopicHash};
 use pinq::log::Command;
 use pinq::message::{StoredMessage, Value};
 use pinq::storage::{LsmOptions, LsmStats, LsmStore};
-use pinq::store::{Store, Sync};
+use pinq::storage::{Store, Sync};
 
 const MESSAGES_PER_BATCH: u64 = 128;
 const PAYLOAD_BYTES: usize = 100;

@@ -39,7 +39,7 @@ use pinq::storage::memtable::Memtable;
 use pinq::storage::table::block::EntryRef;
 use pinq::storage::table::{Table, TableBuilder, TableCursor, TableWriter};
 use pinq::storage::LsmOptions;
-use pinq::store::WriteBatch;
+use pinq::storage::WriteBatch;
 
 const TOPIC: &str = "orders";
 const PAYLOAD_BYTES: usize = 100;

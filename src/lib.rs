@@ -7,8 +7,8 @@
 //! - [`batch`]: the publish batch, validated and archived once at the edge;
 //! - [`config`]: every setting, its default, loading and validation;
 //! - [`log`]: the command log: every durable change as a `Command`, the `Log` seam, the WAL;
-//! - [`store`]: the storage interface and the in-memory engine;
-//! - [`storage`]: the io_uring LSM store (memtable, sorted tables, compaction) behind the log;
+//! - [`storage`]: the `Store` seam and both engines: in-memory, and the io_uring LSM engine
+//!   (memtable, sorted tables, compaction) behind the command log;
 //! - [`pipeline`]: the delivery pipeline as pure state machines (dispatcher, hub, in-flight
 //!   table, deleter, janitor) driven by explicit time;
 //! - [`metrics`]: per-shard snapshots and the Prometheus endpoint;
@@ -34,4 +34,3 @@ pub mod pipeline;
 pub mod rpc;
 pub mod server;
 pub mod storage;
-pub mod store;

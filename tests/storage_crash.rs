@@ -24,7 +24,7 @@ use pinq::key::{EventKey, TopicHash};
 use pinq::log::Command;
 use pinq::message::{StoredMessage, Value};
 use pinq::storage::{CompactionConfig, LsmOptions, LsmStore};
-use pinq::store::{Store, Sync};
+use pinq::storage::{Store, Sync};
 
 /// Concurrent writer tasks in the child.
 const TASKS: u64 = 4;

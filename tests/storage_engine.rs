@@ -11,7 +11,7 @@ use pinq::key::{EventKey, TopicHash};
 use pinq::log::Command;
 use pinq::message::{StoredMessage, Value};
 use pinq::storage::{LsmEnv, LsmOptions, LsmStore, ManualClock};
-use pinq::store::{Store, StoreError, Sync};
+use pinq::storage::{Store, StoreError, Sync};
 
 fn small_options() -> LsmOptions {
     LsmOptions {
@@ -509,7 +509,7 @@ fn replaying_the_log_onto_a_fresh_state_machine_reproduces_the_state_exactly() {
     let path = dir.path().to_path_buf();
     run(move || async move {
         let mut rng = fastrand::Rng::with_seed(7);
-        let live = pinq::store::MemStore::new();
+        let live = pinq::storage::MemStore::new();
         let mut last_index = 0;
         {
             let store = LsmStore::open(&path, LsmOptions::default())
@@ -534,7 +534,7 @@ fn replaying_the_log_onto_a_fresh_state_machine_reproduces_the_state_exactly() {
             store.sync().await.expect("sync");
             // Dropped without close: everything is only in the log.
         }
-        let replayed = pinq::store::MemStore::new();
+        let replayed = pinq::storage::MemStore::new();
         let mut indexes = Vec::new();
         let recovery = pinq::log::recovery::recover(&path, 0, |index, command| {
             indexes.push(index);
@@ -544,7 +544,7 @@ fn replaying_the_log_onto_a_fresh_state_machine_reproduces_the_state_exactly() {
         .expect("replay");
         assert_eq!(indexes, (1..=last_index).collect::<Vec<_>>());
         assert_eq!(recovery.next_index, last_index + 1);
-        let everything = |m: &pinq::store::MemStore| m.scan_now(&[], None, usize::MAX);
+        let everything = |m: &pinq::storage::MemStore| m.scan_now(&[], None, usize::MAX);
         assert_eq!(everything(&replayed), everything(&live));
         assert_eq!(replayed.event_id_high_water(), live.event_id_high_water());
 

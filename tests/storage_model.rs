@@ -13,7 +13,7 @@ use pinq::key::{EventKey, Key, TopicHash};
 use pinq::log::Command;
 use pinq::message::{StoredMessage, Value};
 use pinq::storage::{CompactionConfig, LsmEnv, LsmOptions, LsmStore, ManualClock};
-use pinq::store::{MemStore, Store, Sync};
+use pinq::storage::{MemStore, Store, Sync};
 
 const NOW_MS: u64 = 1_000_000;
 

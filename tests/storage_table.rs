@@ -13,7 +13,7 @@ use pinq::storage::io as dio;
 use pinq::storage::memtable::Entry;
 use pinq::storage::table::block::EntryRef;
 use pinq::storage::table::{table_name, Table, TableCursor, TableWriter};
-use pinq::store::StoreError;
+use pinq::storage::StoreError;
 
 fn event_key(i: u64) -> [u8; 24] {
     *EventKey::new(TopicHash(7), i / 10, i).as_bytes()

@@ -27,7 +27,7 @@ pub use wal::Wal;
 
 use std::future::Future;
 
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 /// The seam between the side that produces commands and the log that orders and persists them.
 pub trait Log {

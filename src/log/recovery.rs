@@ -25,8 +25,8 @@ use super::wal::{
     find_intact_record, parse_segment_name, ScanEnd, SegmentMeta, SegmentReader,
     RECORD_HEADER_BYTES,
 };
+use crate::storage::StoreError;
 use crate::storage::{corrupt, io as dio, io_error};
-use crate::store::StoreError;
 
 /// A torn WAL tail found (and cut off by [`LogRecovery::finish`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

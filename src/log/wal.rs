@@ -44,7 +44,7 @@ use super::command::Command;
 use crate::storage::io::{self as dio, WRITE_ALIGN};
 use crate::storage::io_error;
 use crate::storage::signal::Signal;
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 /// Bytes of a record header: `len u32 | crc u32 | seq u64`.
 pub const RECORD_HEADER_BYTES: usize = 16;

@@ -11,7 +11,7 @@ use super::shard::ShardCore;
 use crate::batch::ValidatedBatch;
 use crate::config::AckLevel;
 use crate::key::EventKey;
-use crate::store::{Store, StoreError, Sync};
+use crate::storage::{Store, StoreError, Sync};
 
 /// Why a publish failed. A batch reaches the core validated (see [`crate::batch`]): only the
 /// store can fail it here.

@@ -32,7 +32,7 @@ pub use shard::{
 };
 
 #[allow(unused_imports)]
-use crate::store::Store;
+use crate::storage::Store;
 
 #[cfg(test)]
 mod model_tests;

@@ -17,7 +17,7 @@ use crate::key::{self, EventKey, Key, TopicHash};
 use crate::log::Command;
 use crate::message::{CheckedValue, StoredMessage, Value};
 use crate::rpc::PublishMessage;
-use crate::store::{MemStore, Store, StoreError, Sync};
+use crate::storage::{MemStore, Store, StoreError, Sync};
 
 /// A store that records the rows it hands out and can be told to fail writes, or to hold them
 /// (a held write stays pending, without a wake-up, until released and polled again).

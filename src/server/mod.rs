@@ -14,7 +14,6 @@ pub mod connection;
 pub mod mesh;
 pub mod shard;
 pub mod shutdown;
-pub mod store;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::rc::Rc;
@@ -27,12 +26,12 @@ use glommio::{LocalExecutorBuilder, Placement};
 use self::mesh::ShardMsg;
 use self::shard::{now_ms, Kick, Shard};
 use self::shutdown::ShutdownFlag;
-use self::store::ShardStore;
 use crate::config::{Config, PublishConfig, StorageEngine};
 use crate::metrics::http::MetricsEndpoint;
 use crate::metrics::MetricsSlots;
 use crate::pipeline::{drive, ShardCore};
 use crate::rpc::ShardInfo;
+use crate::storage::ShardStore;
 
 /// Messages a cross-shard channel holds before its sender waits.
 pub const MESH_CHANNEL_LEN: usize = 1024;

@@ -33,10 +33,10 @@ use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::channels::shared_channel::ConnectedSender;
 
 use super::mesh::{Reply, Request, SettleOp, ShardMsg, SinkAddr};
-use super::store::ShardStore;
 use crate::config::DeliveryConfig;
 use crate::metrics::{MetricsSlots, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
 use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
+use crate::storage::ShardStore;
 
 /// Wall-clock milliseconds; the core clamps them so shard time never goes back.
 pub fn now_ms() -> u64 {

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use glommio::io::{DmaBuffer, DmaFile, OpenOptions, ReadResult};
 
 use super::{corrupt, io_error, MARKER_FILE};
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 /// Alignment and padding unit of every DMA write: the device's physical block size here, so a
 /// write never shares a physical block with bytes written (and acknowledged) earlier.

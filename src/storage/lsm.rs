@@ -1,5 +1,5 @@
 //! [`LsmStore`]: a shard's standalone durable state, the command log (the WAL) in front of the
-//! LSM [`Engine`], behind [`crate::store::Store`].
+//! LSM [`Engine`], behind [`crate::storage::Store`].
 //!
 //! A commit is `admit` (the engine's bound on frozen memtables) → `Wal::reserve` (the log's bound
 //! on bytes appended and not yet written) → append (`Log::propose`: the record is queued for the
@@ -26,7 +26,7 @@ use super::options::LsmOptions;
 use crate::key::Key;
 use crate::log::{recovery, Command, Log, Wal};
 use crate::message::Value;
-use crate::store::{Store, StoreError, Sync};
+use crate::storage::{Store, StoreError, Sync};
 
 /// The io_uring LSM store of one shard with its standalone command log. Create it on the
 /// shard's executor with [`LsmStore::open`]; use it through [`Store`]; end with

@@ -22,7 +22,7 @@ use std::path::Path;
 
 use super::io::{self as dio, DmaWriter};
 use super::{corrupt, io_error};
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
 pub const MANIFEST_TMP_FILE: &str = "MANIFEST.tmp";

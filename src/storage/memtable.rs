@@ -17,7 +17,7 @@ use std::ops::Bound;
 
 use crate::key::Key;
 use crate::message::Value;
-use crate::store::{WriteBatch, WriteOp};
+use crate::storage::{WriteBatch, WriteOp};
 
 /// Bytes charged per entry on top of key and value: tree node share, key inline buffer, the
 /// value's reference count. An estimate; it keeps the bound honest for small messages.

@@ -15,7 +15,7 @@ use std::rc::Rc;
 use super::memtable::{Entry, Memtable};
 use super::table::TableCursor;
 use crate::key::Key;
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 /// Entries read from a memtable per borrow.
 const MEM_BATCH: usize = 64;
@@ -149,7 +149,7 @@ impl MergeIter {
 mod tests {
     use super::*;
     use crate::message::Value;
-    use crate::store::WriteBatch;
+    use crate::storage::WriteBatch;
 
     fn mem(ops: &[(u8, Option<u8>)]) -> Rc<RefCell<Memtable>> {
         let mut mt = Memtable::new();

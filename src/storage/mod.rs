@@ -1,11 +1,15 @@
-//! The io_uring LSM store: one storage engine per shard, on glommio DMA files (O_DIRECT).
+//! A shard's storage: the [`Store`] seam the pipeline's shell uses ([`store`]), its two engines
+//! (the in-memory [`MemStore`] and the io_uring LSM engine behind the command log, [`LsmStore`]),
+//! and the closed choice between them that a shard runs ([`ShardStore`], from `storage.engine`).
+//!
+//! The LSM engine runs on glommio DMA files (O_DIRECT), one per shard.
 //!
 //! Owns what a shard keeps in tables: the in-memory write buffer ([`memtable`]), immutable
 //! sorted tables ([`table`]), the list of live files ([`manifest`]), the compaction policy
 //! ([`compaction`]), the engine's recovery ([`recovery`]) and the glommio shell that ties them
 //! together ([`engine`]). The engine has no log of its own: [`LsmStore`] ([`lsm`]) puts the
 //! shard's command log (`crate::log`, the WAL standalone) in front of it. The shard's shell opens
-//! one [`LsmStore`] on its own executor and uses it through [`crate::store::Store`]; nothing else
+//! one [`LsmStore`] on its own executor and uses it through [`crate::storage::Store`]; nothing else
 //! in pinq touches these files.
 //!
 //! Shaped for a queue's workload (DESIGN-NOTES §4): keys are written once and mostly deleted
@@ -25,20 +29,24 @@ pub mod engine;
 pub mod io;
 pub mod lsm;
 pub mod manifest;
+pub mod memory;
 pub mod memtable;
 pub mod merge;
 pub mod options;
 pub mod recovery;
+pub mod shard;
 pub(crate) mod signal;
+pub mod store;
 pub mod table;
 
 pub use compaction::{Choice, CompactionConfig, TableSummary};
 pub use engine::{Engine, LsmEnv, LsmStats};
 pub use lsm::LsmStore;
+pub use memory::MemStore;
 pub use options::{Clock, LsmOptions, ManualClock, SystemClock};
 pub use recovery::RecoveryReport;
-
-use crate::store::StoreError;
+pub use shard::{lsm_options, shard_dir, ShardStore};
+pub use store::{Store, StoreError, Sync, WriteBatch, WriteOp};
 
 /// Name of the marker file every data directory keeps (see [`io::probe_disk`]).
 pub const MARKER_FILE: &str = "PINQ_STORAGE";

@@ -21,7 +21,7 @@ use super::manifest::{self, Manifest, MANIFEST_TMP_FILE};
 use super::options::LsmOptions;
 use super::table::{parse_table_name, table_name, Table};
 use super::{corrupt, io_error};
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 pub use crate::log::recovery::TornTail;
 

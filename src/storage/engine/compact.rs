@@ -16,7 +16,7 @@ use crate::storage::io as dio;
 use crate::storage::manifest::{self, TableEntry};
 use crate::storage::merge::{MergeIter, Source};
 use crate::storage::table::{table_name, Table, TableCursor, TableWriter};
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 impl Inner {
     pub(super) async fn run_compactor(self: Rc<Self>) {

@@ -17,7 +17,7 @@ use crate::storage::manifest::{self, TableEntry};
 use crate::storage::memtable::{Entry, Memtable};
 use crate::storage::table::block::EntryRef;
 use crate::storage::table::{table_name, Table, TableWriter};
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 impl Inner {
     pub(super) async fn run_flusher(self: Rc<Self>) {

@@ -43,7 +43,7 @@ use super::table::Table;
 use crate::key::Key;
 use crate::log::Command;
 use crate::message::Value;
-use crate::store::{StoreError, WriteBatch};
+use crate::storage::{StoreError, WriteBatch};
 
 mod compact;
 mod flush;

@@ -17,7 +17,7 @@ use crate::message::Value;
 use crate::storage::memtable::{Entry, Memtable};
 use crate::storage::merge::{MergeIter, Source};
 use crate::storage::table::{Table, TableCursor};
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 /// True when a source older than the active memtable may hold a live value for `key`: the
 /// newest frozen memtable that has the key decides; otherwise any table whose range and bloom

@@ -24,7 +24,7 @@ use crate::message::Value;
 use crate::storage::corrupt;
 use crate::storage::io as dio;
 use crate::storage::memtable::Entry;
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 /// A table's decoded metadata.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@ use super::builder::TableBuilder;
 use super::TableProps;
 use crate::storage::corrupt;
 use crate::storage::io::DmaWriter;
-use crate::store::StoreError;
+use crate::storage::StoreError;
 
 /// Bytes of builder output gathered before a DMA write.
 const WRITE_CHUNK_BYTES: usize = 256 * 1024;

@@ -1,9 +1,10 @@
-//! The storage interface the shard uses, and its in-memory implementation.
+//! The storage seam the shard uses: the [`Store`] trait, its sync levels, errors and the
+//! memtable's form of a command ([`WriteBatch`]).
 //!
 //! The delivery pipeline never calls a store: it is a pure core that asks for scans and returns
 //! write batches as data. The shard's shell carries those requests to a [`Store`]. Two engines sit
-//! behind this trait: [`MemStore`] (tests, benchmarks, `--storage memory`) and the io_uring LSM log
-//! in `crate::storage`. Methods are `async` because the LSM engine waits on io_uring; the memory
+//! behind this trait: `MemStore` (`super::memory`: tests, benchmarks, `--storage memory`) and
+//! `LsmStore` (`super::lsm`: the command log in front of the io_uring LSM engine). Methods are `async` because the LSM engine waits on io_uring; the memory
 //! store answers at once.
 //!
 //! Contract every engine keeps:
@@ -13,10 +14,6 @@
 //! - `scan` returns keys in byte order within `[start, end)`, at most `limit` of them, from one
 //!   consistent snapshot; callers page by resuming after the last key returned.
 //! - `first_key` is a cheap seek: the first key in `[start, end)` without reading its value.
-
-pub mod memory;
-
-pub use memory::MemStore;
 
 use std::future::Future;
 

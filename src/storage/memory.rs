@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use super::{Store, StoreError, Sync};
+use super::store::{Store, StoreError, Sync};
 use crate::key::Key;
 use crate::log::Command;
 use crate::message::Value;

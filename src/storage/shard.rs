@@ -18,7 +18,7 @@ use crate::log::Command;
 use crate::message::Value;
 use crate::metrics::StorageFigures;
 use crate::storage::{LsmOptions, LsmStore};
-use crate::store::{MemStore, Store, StoreError, Sync};
+use crate::storage::{MemStore, Store, StoreError, Sync};
 
 pub enum ShardStore {
     Memory(MemStore),
