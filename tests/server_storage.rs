@@ -9,20 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use pinq::client::{AckLevel, Client, PublishMessage};
-use support::Server;
-
-/// Runs `f` with a client connected to `addr`, on a glommio executor of its own.
-fn with_client<T, F, Fut>(addr: String, f: F) -> T
-where
-    T: Send + 'static,
-    F: FnOnce(Client) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T> + 'static,
-{
-    support::on_executor(move || async move {
-        let client = Client::connect(addr.as_str()).await.expect("connect");
-        f(client).await
-    })
-}
+use support::{with_client, Server};
 
 /// Publishes `batches` durable batches of `per_batch` messages to `topic`; returns the payloads.
 async fn publish(

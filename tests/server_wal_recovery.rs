@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use pinq::client::{AckLevel, Client, PublishMessage};
+use pinq::client::{AckLevel, PublishMessage};
 use pinq::log::wal::{parse_segment_name, SegmentReader, RECORD_HEADER_BYTES};
-use support::Server;
+use support::{with_client, Server};
 
 const BATCHES: usize = 40;
 const PER_BATCH: usize = 5;
@@ -27,18 +27,6 @@ const ENV: [(&str, &str); 2] = [
     ("PINQ_STORAGE_WAL_SEGMENT_BYTES", "64KiB"),
     ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "4KiB"),
 ];
-
-fn with_client<T, F, Fut>(addr: String, f: F) -> T
-where
-    T: Send + 'static,
-    F: FnOnce(Client) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T> + 'static,
-{
-    support::on_executor(move || async move {
-        let client = Client::connect(addr.as_str()).await.expect("connect");
-        f(client).await
-    })
-}
 
 /// Starts a server, publishes `BATCHES` durable batches one at a time, kills it with SIGKILL.
 fn publish_then_kill(data_dir: &Path) {

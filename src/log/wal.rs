@@ -42,9 +42,9 @@ use glommio::io::DmaFile;
 
 use super::command::Command;
 use crate::storage::io::{self as dio, WRITE_ALIGN};
-use crate::storage::io_error;
 use crate::storage::signal::Signal;
 use crate::storage::StoreError;
+use crate::storage::{io_error, Failure};
 
 /// Bytes of a record header: `len u32 | crc u32 | seq u64`.
 pub const RECORD_HEADER_BYTES: usize = 16;
@@ -352,7 +352,7 @@ struct WalState {
     pending: VecDeque<Chunk>,
     segments: VecDeque<SegmentMeta>,
     roll_requested: bool,
-    failed: Option<(String, std::io::ErrorKind, String)>,
+    failed: Option<Failure>,
     shutdown: bool,
     writer_running: bool,
     counters: WalCounters,
@@ -424,14 +424,7 @@ impl Wal {
     }
 
     fn failure(&self) -> Option<StoreError> {
-        self.state
-            .borrow()
-            .failed
-            .as_ref()
-            .map(|(path, kind, msg)| StoreError::Io {
-                path: path.clone(),
-                source: std::io::Error::new(*kind, msg.clone()),
-            })
+        self.state.borrow().failed.as_ref().map(Failure::error)
     }
 
     /// Fails if the log has failed or is shut down.
@@ -658,18 +651,9 @@ impl Wal {
                     self.buffer.signal(reserved);
                 }
                 Err(e) => {
-                    let (path, kind, msg) = match e {
-                        StoreError::Io { path, source } => {
-                            (path, source.kind(), source.to_string())
-                        }
-                        other => (
-                            self.dir.display().to_string(),
-                            std::io::ErrorKind::Other,
-                            other.to_string(),
-                        ),
-                    };
-                    tracing::error!(path = %path, error = %msg, "WAL write failed; the shard's log is failed");
-                    self.state.borrow_mut().failed = Some((path, kind, msg));
+                    let failure = Failure::of(&e, &self.dir);
+                    tracing::error!(error = %failure, "WAL write failed; the shard's log is failed");
+                    self.state.borrow_mut().failed = Some(failure);
                     self.synced.notify();
                     break;
                 }

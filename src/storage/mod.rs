@@ -59,6 +59,48 @@ pub(crate) fn io_error(path: &std::path::Path, source: std::io::Error) -> StoreE
     }
 }
 
+/// A failure a log or an engine keeps, to answer every later call with (after an I/O error the
+/// memory may hold what the disk lost, so nothing is retried). Plain data: `StoreError` holds an
+/// `io::Error`, which cannot be cloned.
+#[derive(Clone, Debug)]
+pub(crate) struct Failure {
+    path: String,
+    kind: std::io::ErrorKind,
+    message: String,
+}
+
+impl Failure {
+    /// Keeps `error`; one that names no file is charged to `dir`.
+    pub(crate) fn of(error: &StoreError, dir: &std::path::Path) -> Failure {
+        match error {
+            StoreError::Io { path, source } => Failure {
+                path: path.clone(),
+                kind: source.kind(),
+                message: source.to_string(),
+            },
+            other => Failure {
+                path: dir.display().to_string(),
+                kind: std::io::ErrorKind::Other,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    /// The error to answer with.
+    pub(crate) fn error(&self) -> StoreError {
+        StoreError::Io {
+            path: self.path.clone(),
+            source: std::io::Error::new(self.kind, self.message.clone()),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
 /// Builds a corruption error naming the file it was found in.
 pub(crate) fn corrupt(path: &std::path::Path, what: impl Into<String>) -> StoreError {
     StoreError::Corrupt {

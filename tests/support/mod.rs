@@ -259,6 +259,21 @@ pub fn sample(page: &str, name: &str, labels: &str) -> Option<f64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
+/// Runs `f` with a client connected to `addr`, on a glommio executor of its own.
+pub fn with_client<T, F, Fut>(addr: String, f: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce(pinq::client::Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+{
+    on_executor(move || async move {
+        let client = pinq::client::Client::connect(addr.as_str())
+            .await
+            .expect("connect");
+        f(client).await
+    })
+}
+
 /// Runs an async test body on a glommio executor of its own (2 MiB of I/O memory, enough for
 /// the storage engine's DMA buffers and within this machine's memlock limit) and returns its
 /// result.

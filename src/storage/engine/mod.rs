@@ -33,13 +33,13 @@ use std::rc::Rc;
 use glommio::sync::Semaphore;
 use glommio::{Latency, Shares, TaskQueueHandle};
 
-use super::io_error;
 use super::manifest::Manifest;
 use super::memtable::{Memtable, MemtableCounters};
 use super::options::{Clock, LsmOptions, SystemClock};
 use super::recovery::{self, RecoveryReport};
 use super::signal::Signal;
 use super::table::Table;
+use super::{io_error, Failure};
 use crate::key::Key;
 use crate::log::Command;
 use crate::message::Value;
@@ -127,7 +127,7 @@ struct State {
     event_id_high_water: u64,
     closing: bool,
     shutdown: bool,
-    failed: Option<(String, std::io::ErrorKind, String)>,
+    failed: Option<Failure>,
 }
 
 struct Inner {
@@ -452,14 +452,7 @@ impl Drop for Engine {
 
 impl Inner {
     fn failure(&self) -> Option<StoreError> {
-        self.state
-            .borrow()
-            .failed
-            .as_ref()
-            .map(|(path, kind, msg)| StoreError::Io {
-                path: path.clone(),
-                source: std::io::Error::new(*kind, msg.clone()),
-            })
+        self.state.borrow().failed.as_ref().map(Failure::error)
     }
 
     fn check_readable(&self) -> Result<(), StoreError> {
@@ -481,16 +474,9 @@ impl Inner {
     }
 
     fn fail(&self, error: &StoreError) {
-        let (path, kind, msg) = match error {
-            StoreError::Io { path, source } => (path.clone(), source.kind(), source.to_string()),
-            other => (
-                self.dir.display().to_string(),
-                std::io::ErrorKind::Other,
-                other.to_string(),
-            ),
-        };
-        tracing::error!(path = %path, error = %msg, "storage background work failed; the store refuses further writes");
-        self.state.borrow_mut().failed = Some((path, kind, msg));
+        let failure = Failure::of(error, &self.dir);
+        tracing::error!(error = %failure, "storage background work failed; the store refuses further writes");
+        self.state.borrow_mut().failed = Some(failure);
         self.flushed.notify();
     }
 
