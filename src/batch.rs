@@ -89,8 +89,8 @@ impl ValidatedBatch {
                 index: index as usize,
                 source,
             })?;
-            let part = match parts.iter().position(|p| p.shard == shard) {
-                Some(at) => &mut parts[at],
+            let at = match parts.iter().position(|p| p.shard == shard) {
+                Some(at) => at,
                 None => {
                     parts.push(ShardPart {
                         shard,
@@ -100,9 +100,10 @@ impl ValidatedBatch {
                             messages: Vec::new(),
                         },
                     });
-                    parts.last_mut().expect("just pushed")
+                    parts.len() - 1
                 }
             };
+            let part = &mut parts[at];
             part.places.push(index);
             part.batch.messages.push(ValidatedMessage {
                 topic_hash,
