@@ -176,6 +176,9 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         }
     }
     metrics.stop();
+    if let Some(reason) = ops.shutdown.failure() {
+        anyhow::bail!("{reason}; the broker stopped (every shard drained what it could)");
+    }
     // Each shard stored a last snapshot after closing its store: report what it had stored.
     let published: u64 = ops
         .slots
@@ -257,6 +260,7 @@ async fn shard_main(
         peers,
         dispatcher,
         deleter,
+        ops.shutdown.clone(),
     ));
     drive::recover(&shard.core, &shard.store);
 

@@ -33,10 +33,11 @@ use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::channels::shared_channel::ConnectedSender;
 
 use super::mesh::{Reply, Request, SettleOp, ShardMsg, SinkAddr};
+use super::shutdown::ShutdownFlag;
 use crate::config::DeliveryConfig;
 use crate::metrics::{MetricsSlots, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
 use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
-use crate::storage::ShardStore;
+use crate::storage::{ShardStore, StoreError};
 
 /// Wall-clock milliseconds; the core clamps them so shard time never goes back.
 pub fn now_ms() -> u64 {
@@ -124,6 +125,8 @@ pub struct Shard {
     /// Dispatch, deleter and janitor loops still running: the store is closed only once they
     /// have returned, so no scan or write overlaps the close.
     loops_running: Cell<usize>,
+    /// The process-wide shutdown: a store that failed for good stops the whole broker.
+    shutdown: ShutdownFlag,
 }
 
 impl Shard {
@@ -137,6 +140,7 @@ impl Shard {
         peers: Vec<Option<ConnectedSender<ShardMsg>>>,
         dispatcher: Kick,
         deleter: Kick,
+        shutdown: ShutdownFlag,
     ) -> Shard {
         Shard {
             id,
@@ -154,6 +158,24 @@ impl Shard {
             draining: Cell::new(false),
             publishing: Cell::new(0),
             loops_running: Cell::new(0),
+            shutdown,
+        }
+    }
+
+    /// A store error on `what`. A fatal one (the log or the engine refuses every later write)
+    /// stops the broker: logged once, `/healthz` turns 503, and `pinq serve` exits with the
+    /// reason, instead of a shard that retries and warns forever beside healthy ones.
+    fn on_store_error(&self, what: &str, error: &StoreError) {
+        if !error.is_fatal() {
+            tracing::debug!(shard = self.id, "{what}: {error}");
+            return;
+        }
+        let reason = format!("shard {}: storage failed during {what}: {error}", self.id);
+        if self.shutdown.fail(reason) {
+            tracing::error!(
+                shard = self.id,
+                "{what}: storage failed for good, stopping the broker: {error}"
+            );
         }
     }
 
@@ -210,6 +232,9 @@ impl Shard {
                 let started = Instant::now();
                 let result = drive::publish(&self.core, &self.store, now_ms(), batch).await;
                 drop(in_progress);
+                if let Err(drive::PublishFailure::Store(e)) = &result {
+                    self.on_store_error("a publish", e);
+                }
                 if result.is_ok() {
                     let us = started.elapsed().as_micros() as u64;
                     self.recorder.borrow_mut().publish_latency.record(us);
@@ -401,7 +426,7 @@ impl Shard {
             let productive = match drive::dispatch_pass(&self.core, &self.store, now).await {
                 Ok(productive) => productive,
                 Err(e) => {
-                    tracing::error!(shard = self.id, "dispatch pass failed: {e}");
+                    self.on_store_error("a dispatch pass", &e);
                     false
                 }
             };
@@ -490,8 +515,9 @@ impl Shard {
                     true
                 }
                 Err(e) => {
-                    // No kick: the keys are back in the queue, retried on the next wake-up.
-                    tracing::warn!(shard = shard.id, "delete flush failed, will retry: {e}");
+                    // No kick: the keys are back in the queue, retried on the next wake-up (a
+                    // fatal error stops the broker instead).
+                    shard.on_store_error("a delete write", &e);
                     false
                 }
             }
@@ -514,7 +540,7 @@ impl Shard {
             match swept {
                 Ok(true) => self.deleter.kick(),
                 Ok(false) => {}
-                Err(e) => tracing::warn!(shard = self.id, "janitor sweep failed: {e}"),
+                Err(e) => self.on_store_error("a janitor sweep", &e),
             }
         }
     }
@@ -576,10 +602,11 @@ impl Shard {
                 failed |= !write.await;
             }
             if failed {
-                tracing::warn!(
-                    shard = self.id,
-                    "a delete flush at shutdown failed, retrying"
-                );
+                // A failed store refuses every retry: stop now (the warning below says what is
+                // left). Otherwise retry, without a warning per attempt.
+                if self.shutdown.failure().is_some() {
+                    break;
+                }
                 glommio::timer::sleep(Duration::from_millis(10)).await;
             }
         }

@@ -11,7 +11,7 @@
 //! Who calls it: `super::run` installs the handler; `super::shard_main` waits on the flag.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -24,22 +24,40 @@ pub const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
 /// store anyway (a store that hangs must not keep the process up forever).
 pub const DRAIN_MAX: Duration = Duration::from_secs(30);
 
-/// Set once a shutdown was asked for.
+/// Set once a shutdown was asked for: by a signal, or by a shard whose store failed for good
+/// (an environmental failure the node cannot survive ends the whole process, never one dead
+/// shard beside live ones).
 #[derive(Clone, Debug, Default)]
-pub struct ShutdownFlag(Arc<AtomicBool>);
+pub struct ShutdownFlag {
+    requested: Arc<AtomicBool>,
+    failure: Arc<OnceLock<String>>,
+}
 
 impl ShutdownFlag {
     pub fn request(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.requested.store(true, Ordering::Relaxed);
+    }
+
+    /// Asks for a shutdown because of `reason`, after which `pinq serve` exits with an error.
+    /// Returns whether this was the first failure (the caller logs only then).
+    pub fn fail(&self, reason: String) -> bool {
+        let first = self.failure.set(reason).is_ok();
+        self.request();
+        first
+    }
+
+    /// The first failure that asked for the shutdown, if one did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
     }
 
     pub fn is_requested(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.requested.load(Ordering::Relaxed)
     }
 
     /// The shared flag, for the metrics endpoint's `/healthz`.
     pub fn shared(&self) -> Arc<AtomicBool> {
-        self.0.clone()
+        self.requested.clone()
     }
 
     /// Resolves once a shutdown was asked for (call on a shard's executor).
@@ -67,4 +85,22 @@ pub fn install(flag: ShutdownFlag) -> anyhow::Result<()> {
             }
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_requests_the_shutdown_and_the_first_reason_is_kept() {
+        let flag = ShutdownFlag::default();
+        assert!(!flag.is_requested() && flag.failure().is_none());
+        assert!(flag.fail("shard 0: disk gone".into()));
+        assert!(
+            !flag.fail("shard 1: disk gone too".into()),
+            "later failures are not logged"
+        );
+        assert!(flag.is_requested() && flag.shared().load(Ordering::Relaxed));
+        assert_eq!(flag.failure(), Some("shard 0: disk gone"));
+    }
 }

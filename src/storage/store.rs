@@ -96,6 +96,15 @@ pub enum StoreError {
     Closed,
 }
 
+impl StoreError {
+    /// Whether the store refuses every later write after this error: an I/O error fails the log
+    /// or the engine for good (memory may hold what the disk lost), and damage is not repaired
+    /// by retrying. `Closed` only means a shutdown is under way.
+    pub fn is_fatal(&self) -> bool {
+        !matches!(self, StoreError::Closed)
+    }
+}
+
 /// A shard's key-value storage engine. See the module docs for the contract.
 pub trait Store {
     /// Commits one command (see the module docs); returns its log index.

@@ -196,6 +196,24 @@ impl Server {
     }
 
     /// Whether the process is still running.
+    /// Waits up to `timeout` for the server to exit on its own; its exit status, or `None` if it
+    /// was still running (it is then killed).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {
             Some(c) => matches!(c.try_wait(), Ok(None)),
