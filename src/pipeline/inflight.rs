@@ -113,6 +113,32 @@ impl InFlight {
         self.next_generation
     }
 
+    /// Moves a copy to `state` under a new generation and sets a timer for `at_ms` (the end of a
+    /// lease or of a NACK delay); with `delivered`, counts one more delivery attempt. Returns the
+    /// copy's attempts so far, or `None` (and no timer) when the message or the copy is gone.
+    pub fn arm(
+        &mut self,
+        key: EventKey,
+        recipient: RecipientId,
+        state: CopyState,
+        at_ms: u64,
+        delivered: bool,
+    ) -> Option<u32> {
+        let generation = self.next_generation();
+        let copy = self.entries.get_mut(&key)?.copy_mut(recipient)?;
+        copy.state = state;
+        copy.generation = generation;
+        copy.attempt += u32::from(delivered);
+        let attempt = copy.attempt;
+        self.schedule(Timer {
+            at_ms,
+            key,
+            recipient,
+            generation,
+        });
+        Some(attempt)
+    }
+
     pub fn schedule(&mut self, timer: Timer) {
         if self.timers.len()
             >= self

@@ -10,7 +10,7 @@ use crate::key::{self, EventKey, KeyError, TopicHash};
 use crate::message::CheckedValue;
 use crate::pipeline::dispatcher::TopicDispatch;
 use crate::pipeline::hub::{ConsumerId, Queued, RecipientId};
-use crate::pipeline::inflight::{CopyState, Timer};
+use crate::pipeline::inflight::CopyState;
 
 /// The answer for one tag of an ACK, NACK or touch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,23 +233,9 @@ impl ShardCore {
             if delay_ms == 0 {
                 core.make_pending(key, recipient);
             } else {
-                let generation = core.inflight.next_generation();
                 let until_ms = now_ms.saturating_add(delay_ms);
-                if let Some(copy) = core
-                    .inflight
-                    .entries
-                    .get_mut(&key)
-                    .and_then(|e| e.copy_mut(recipient))
-                {
-                    copy.state = CopyState::Delayed { until_ms };
-                    copy.generation = generation;
-                }
-                core.inflight.schedule(Timer {
-                    at_ms: until_ms,
-                    key,
-                    recipient,
-                    generation,
-                });
+                let delayed = CopyState::Delayed { until_ms };
+                core.inflight.arm(key, recipient, delayed, until_ms, false);
             }
         })
     }
@@ -267,25 +253,11 @@ impl ShardCore {
         for tag in tags {
             let result = match self.holder_check(consumer, *tag)? {
                 Ok((key, recipient)) => {
-                    let generation = self.inflight.next_generation();
-                    if let Some(copy) = self
-                        .inflight
-                        .entries
-                        .get_mut(&key)
-                        .and_then(|e| e.copy_mut(recipient))
-                    {
-                        copy.state = CopyState::Held {
-                            consumer,
-                            deadline_ms,
-                        };
-                        copy.generation = generation;
-                    }
-                    self.inflight.schedule(Timer {
-                        at_ms: deadline_ms,
-                        key,
-                        recipient,
-                        generation,
-                    });
+                    let held = CopyState::Held {
+                        consumer,
+                        deadline_ms,
+                    };
+                    self.inflight.arm(key, recipient, held, deadline_ms, false);
                     TagResult::Ok
                 }
                 Err(refused) => refused,

@@ -4,7 +4,7 @@
 use super::ShardCore;
 use crate::key::EventKey;
 use crate::pipeline::hub::{Queued, RecipientId};
-use crate::pipeline::inflight::{CopyState, Entry, Timer};
+use crate::pipeline::inflight::{CopyState, Entry};
 
 impl ShardCore {
     /// Puts a copy back in its recipient's retry list, or forgets it if the recipient is gone.
@@ -88,29 +88,14 @@ impl ShardCore {
         let (chosen, skipped) = self.hub.choose(recipient);
         self.counters.consumer_queue_full_total += skipped;
         let Some(consumer) = chosen else { return false };
-        let generation = self.inflight.next_generation();
         let deadline_ms = now_ms.saturating_add(self.delivery.in_flight_timeout_ms);
-        let Some(copy) = self
-            .inflight
-            .entries
-            .get_mut(&key)
-            .and_then(|e| e.copy_mut(recipient))
-        else {
-            return false;
-        };
-        copy.state = CopyState::Held {
+        let held = CopyState::Held {
             consumer,
             deadline_ms,
         };
-        copy.attempt += 1;
-        copy.generation = generation;
-        let attempt = copy.attempt;
-        self.inflight.schedule(Timer {
-            at_ms: deadline_ms,
-            key,
-            recipient,
-            generation,
-        });
+        let Some(attempt) = self.inflight.arm(key, recipient, held, deadline_ms, true) else {
+            return false;
+        };
         if let Some(c) = self.hub.consumers.get_mut(&consumer) {
             c.queue.push_back(Queued { key, attempt });
             c.held.insert(key);
