@@ -31,9 +31,11 @@ use crate::storage::StoreError;
 
 /// The seam between the side that produces commands and the log that orders and persists them.
 pub trait Log {
-    /// Appends `command` and returns its index. No I/O wait: the caller applies the command
-    /// under that index right after, in the same synchronous step, so apply order is log order.
-    fn propose(&self, command: &Command) -> Result<u64, StoreError>;
+    /// Appends `command` once the log has room for it (its buffer of unwritten bytes is
+    /// bounded: a full one slows the proposer down) and returns its index. The append happens as
+    /// the future completes: the caller applies the command under that index right after, with
+    /// no await in between, so apply order is log order.
+    fn propose(&self, command: &Command) -> impl Future<Output = Result<u64, StoreError>>;
 
     /// Resolves once the command at `index` is durable (standalone: covered by an fdatasync;
     /// replicated: committed by a quorum).
@@ -45,8 +47,9 @@ pub trait Log {
 }
 
 impl Log for Wal {
-    fn propose(&self, command: &Command) -> Result<u64, StoreError> {
-        self.append(command)
+    async fn propose(&self, command: &Command) -> Result<u64, StoreError> {
+        let units = self.reserve(command).await?;
+        self.append_reserved(command, units)
     }
 
     fn wait_durable(&self, index: u64) -> impl Future<Output = Result<(), StoreError>> {

@@ -438,8 +438,9 @@ impl Wal {
         Ok(())
     }
 
-    /// Encodes `command` as the next record and queues it for the writer. No I/O, no await: the
-    /// caller applies the command right after, in the same order. Returns its log index.
+    /// Encodes `command` as the next record and queues it for the writer, without waiting for
+    /// room in the buffer (tests, benches and tools; the broker appends through `Log::propose`,
+    /// which does wait). No I/O, no await. Returns its log index.
     pub fn append(&self, command: &Command) -> Result<u64, StoreError> {
         self.append_reserved(command, 0)
     }

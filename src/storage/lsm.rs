@@ -1,10 +1,10 @@
 //! [`LsmStore`]: a shard's standalone durable state, the command log (the WAL) in front of the
 //! LSM [`Engine`], behind [`crate::storage::Store`].
 //!
-//! A commit is `admit` (the engine's bound on frozen memtables) → `Wal::reserve` (the log's bound
-//! on bytes appended and not yet written) → append (`Log::propose`: the record is queued for the
-//! next group commit) → `Engine::apply` under the index it got (same synchronous
-//! step, so apply order is log order) → for `Sync::Durable`, `Log::wait_durable`. One fdatasync
+//! A commit is `admit` (the engine's bound on frozen memtables) → `Log::propose` (waits for room
+//! in the log's bounded buffer of unwritten bytes, then queues the record for the next group
+//! commit) → `Engine::apply` under the index it got (no await in between, so apply order is log
+//! order) → for `Sync::Durable`, `Log::wait_durable`. One fdatasync
 //! per group commit covers every command in it; nothing is synced twice.
 //!
 //! Open: the engine loads its manifest and tables, the log is replayed past the manifest's
@@ -98,8 +98,7 @@ impl LsmStore {
             }
             return Ok(last);
         }
-        let units = self.wal.reserve(command).await?;
-        let index = self.wal.append_reserved(command, units)?;
+        let index = self.wal.propose(command).await?;
         let froze = self.engine.apply(index, command);
         let over_cap = self.engine.nothing_frozen() && self.wal.live_bytes() >= self.wal_bytes_max;
         if froze || (over_cap && self.engine.freeze()) {
