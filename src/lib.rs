@@ -24,6 +24,7 @@ pub mod batch;
 pub mod bench;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod key;
 pub mod log;

@@ -181,6 +181,21 @@ pub async fn recover(
     applied_index: u64,
     mut apply: impl FnMut(u64, Command),
 ) -> Result<LogRecovery, StoreError> {
+    recover_records(dir, applied_index, |seq, payload| {
+        apply(seq, Command::decode(payload).map_err(|e| e.to_string())?);
+        Ok(())
+    })
+    .await
+}
+
+/// [`recover`] for any payload: calls `replay(seq, payload)` for every record past
+/// `applied_index`, in order; an error from `replay` is corruption of that record. The
+/// replicated log uses it with `applied_index = 0` (its record numbers are not Raft indexes).
+pub async fn recover_records(
+    dir: &Path,
+    applied_index: u64,
+    mut replay: impl FnMut(u64, &[u8]) -> Result<(), String>,
+) -> Result<LogRecovery, StoreError> {
     let segments = list_segments(dir)?;
     let mut report = LogReport::default();
     let mut cleanup = Vec::new();
@@ -224,9 +239,8 @@ pub async fn recover(
                 bytes[offset + 2],
                 bytes[offset + 3],
             ]) as usize;
-            let command = Command::decode(&bytes[start..start + len])
+            replay(seq, &bytes[start..start + len])
                 .map_err(|e| corrupt(path, format!("record {seq} at byte {offset}: {e}")))?;
-            apply(seq, command);
             expected += 1;
             applied_here += 1;
             report.records_replayed += 1;

@@ -71,9 +71,32 @@ pub enum EncodeError {
     CommandTooLarge { len: usize },
 }
 
+/// What a record carries: anything with a self-contained encoding. The standalone log carries
+/// [`Command`]s; the replicated log carries Raft records (`crate::cluster::record`) that wrap
+/// them.
+pub trait Payload {
+    fn encoded_len(&self) -> usize;
+    /// Appends the encoding (exactly `encoded_len` bytes) to `out`.
+    fn encode_into(&self, out: &mut Vec<u8>);
+}
+
+impl Payload for Command {
+    fn encoded_len(&self) -> usize {
+        Command::encoded_len(self)
+    }
+
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        self.encode(out);
+    }
+}
+
 /// Appends one framed record holding `command` (log index `seq`) to `out`. Returns the bytes
 /// appended.
-pub fn encode_record(seq: u64, command: &Command, out: &mut Vec<u8>) -> Result<usize, EncodeError> {
+pub fn encode_record(
+    seq: u64,
+    command: &impl Payload,
+    out: &mut Vec<u8>,
+) -> Result<usize, EncodeError> {
     let len = command.encoded_len();
     if len > RECORD_PAYLOAD_MAX {
         return Err(EncodeError::CommandTooLarge { len });
@@ -83,7 +106,7 @@ pub fn encode_record(seq: u64, command: &Command, out: &mut Vec<u8>) -> Result<u
     out.extend_from_slice(&(len as u32).to_le_bytes());
     out.extend_from_slice(&[0u8; 4]);
     out.extend_from_slice(&seq.to_le_bytes());
-    command.encode(out);
+    command.encode_into(out);
     debug_assert_eq!(out.len() - start, RECORD_HEADER_BYTES + len);
     let crc = record_crc(&out[start..start + 4], &out[start + 8..]);
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
@@ -441,14 +464,14 @@ impl Wal {
     /// Encodes `command` as the next record and queues it for the writer, without waiting for
     /// room in the buffer (tests, benches and tools; the broker appends through `Log::propose`,
     /// which does wait). No I/O, no await. Returns its log index.
-    pub fn append(&self, command: &Command) -> Result<u64, StoreError> {
+    pub fn append(&self, command: &impl Payload) -> Result<u64, StoreError> {
         self.append_reserved(command, 0)
     }
 
     /// Waits until the log's buffer has room for `command` (see [`BUFFER_BYTES_MAX`]); returns
     /// the units to hand to [`Wal::append_reserved`]. Waiters are served in arrival order, so
     /// commands reach the log in the order their writers reserved.
-    pub async fn reserve(&self, command: &Command) -> Result<u64, StoreError> {
+    pub async fn reserve(&self, command: &impl Payload) -> Result<u64, StoreError> {
         self.check()?;
         let units = ((RECORD_HEADER_BYTES + command.encoded_len()) as u64).min(BUFFER_BYTES_MAX);
         if self.buffer.acquire(units).await.is_err() {
@@ -459,7 +482,7 @@ impl Wal {
 
     /// [`Wal::append`] of a command whose room was reserved; the units are given back once its
     /// record is written (or at once, if the append fails).
-    pub fn append_reserved(&self, command: &Command, units: u64) -> Result<u64, StoreError> {
+    pub fn append_reserved(&self, command: &impl Payload, units: u64) -> Result<u64, StoreError> {
         let appended = self.append_with(command, units);
         if appended.is_err() && units > 0 {
             self.buffer.signal(units);
@@ -467,7 +490,7 @@ impl Wal {
         appended
     }
 
-    fn append_with(&self, command: &Command, units: u64) -> Result<u64, StoreError> {
+    fn append_with(&self, command: &impl Payload, units: u64) -> Result<u64, StoreError> {
         self.check()?;
         let mut st = self.state.borrow_mut();
         let seq = st.next_seq;

@@ -1,0 +1,345 @@
+//! [`RaftLog`]: the Raft core's view of a shard's replicated log (pure, in memory).
+//!
+//! It holds what the WAL holds, as the `raft` crate's [`Storage`] reads it: the hard state, the
+//! (static) membership, the point the log was compacted to, and every entry after it. The shell
+//! keeps the two in step: each [`RaftRecord`] it writes to the WAL it also applies here
+//! ([`RaftLog::apply_record`]), and recovery rebuilds this state by applying the WAL's records in
+//! order, so after a restart it is exactly what was written.
+//!
+//! Memory: the entries kept are those not yet compacted, which the shell bounds by
+//! `cluster.logRetainEntries` past the slowest follower and by the engine's flushed index.
+
+use std::collections::VecDeque;
+
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use raft::{GetEntriesContext, RaftState, Storage, StorageError};
+
+use super::record::RaftRecord;
+
+/// A shard's Raft log in memory. See the module docs.
+#[derive(Debug, Default)]
+pub struct RaftLog {
+    hard_state: HardState,
+    conf_state: ConfState,
+    /// Index and term of the entry just before `entries` (the compaction point).
+    base_index: u64,
+    base_term: u64,
+    entries: VecDeque<Entry>,
+    entry_bytes: usize,
+}
+
+impl RaftLog {
+    /// An empty log of a group with these voters.
+    pub fn new(voters: Vec<u64>) -> RaftLog {
+        let mut conf_state = ConfState::default();
+        conf_state.voters = voters;
+        RaftLog {
+            conf_state,
+            ..RaftLog::default()
+        }
+    }
+
+    pub fn hard_state(&self) -> &HardState {
+        &self.hard_state
+    }
+
+    pub fn first_index(&self) -> u64 {
+        self.base_index + 1
+    }
+
+    pub fn last_index(&self) -> u64 {
+        self.base_index + self.entries.len() as u64
+    }
+
+    /// The compaction point: every entry at or below it is gone.
+    pub fn base(&self) -> (u64, u64) {
+        (self.base_index, self.base_term)
+    }
+
+    /// Entries held and their payload bytes (for metrics and bounds).
+    pub fn held(&self) -> (usize, usize) {
+        (self.entries.len(), self.entry_bytes)
+    }
+
+    pub fn entry_term(&self, index: u64) -> Option<u64> {
+        if index == self.base_index {
+            return Some(self.base_term);
+        }
+        self.entry(index).map(|e| e.term)
+    }
+
+    fn entry(&self, index: u64) -> Option<&Entry> {
+        if index <= self.base_index {
+            return None;
+        }
+        self.entries.get((index - self.base_index - 1) as usize)
+    }
+
+    /// Appends `entries` (consecutive), first cutting the log from their first index on if they
+    /// overlap it (a conflicting tail). Entries that would leave a gap are refused.
+    pub fn append(&mut self, entries: &[Entry]) -> Result<(), String> {
+        let Some(first) = entries.first() else {
+            return Ok(());
+        };
+        if first.index <= self.base_index {
+            return Err(format!(
+                "entries from {} overlap the compacted log (through {})",
+                first.index, self.base_index
+            ));
+        }
+        if first.index > self.last_index() + 1 {
+            return Err(format!(
+                "entries from {} leave a gap after the last entry {}",
+                first.index,
+                self.last_index()
+            ));
+        }
+        self.truncate_from(first.index);
+        for e in entries {
+            self.entry_bytes += e.data.len();
+            self.entries.push_back(e.clone());
+        }
+        Ok(())
+    }
+
+    fn truncate_from(&mut self, index: u64) {
+        let keep = (index - self.base_index - 1) as usize;
+        while self.entries.len() > keep {
+            if let Some(e) = self.entries.pop_back() {
+                self.entry_bytes -= e.data.len();
+            }
+        }
+    }
+
+    pub fn set_hard_state(&mut self, hard_state: HardState) {
+        self.hard_state = hard_state;
+    }
+
+    /// Drops every entry at or below `index` (which must be held, or be the base already).
+    pub fn compact_to(&mut self, index: u64) -> Result<(), String> {
+        if index <= self.base_index {
+            return Ok(());
+        }
+        let term = self
+            .entry_term(index)
+            .ok_or_else(|| format!("cannot compact to {index}: not in the log"))?;
+        while self.entries.front().is_some_and(|e| e.index <= index) {
+            if let Some(e) = self.entries.pop_front() {
+                self.entry_bytes -= e.data.len();
+            }
+        }
+        self.base_index = index;
+        self.base_term = term;
+        Ok(())
+    }
+
+    /// Replaces the whole log with a snapshot's point: nothing at or below it is held, and the
+    /// next entry is `index + 1`.
+    pub fn reset_to(&mut self, index: u64, term: u64) {
+        self.entries.clear();
+        self.entry_bytes = 0;
+        self.base_index = index;
+        self.base_term = term;
+    }
+
+    /// Applies one record as read back from the WAL (recovery) or just written (the shell).
+    pub fn apply_record(&mut self, record: &RaftRecord) -> Result<(), String> {
+        match record {
+            RaftRecord::Entries {
+                hard_state,
+                entries,
+            } => {
+                self.append(entries)?;
+                self.merge_hard_state(hard_state);
+            }
+            RaftRecord::HardState(hard_state) => self.merge_hard_state(hard_state),
+            RaftRecord::Checkpoint {
+                index,
+                term,
+                hard_state,
+            } => {
+                if *index > self.last_index() || self.entry_term(*index) != Some(*term) {
+                    self.reset_to(*index, *term);
+                } else {
+                    self.compact_to(*index)?;
+                }
+                self.merge_hard_state(hard_state);
+            }
+        }
+        Ok(())
+    }
+
+    /// A later record's hard state wins; the commit index only moves forward (entries records
+    /// carry it lazily), and never past the last entry.
+    fn merge_hard_state(&mut self, hs: &HardState) {
+        let commit = self.hard_state.commit.max(hs.commit).min(self.last_index());
+        self.hard_state = hs.clone();
+        self.hard_state.commit = commit.max(self.base_index);
+    }
+
+    /// After recovery: the engine holds everything through `applied`, so the log is committed at
+    /// least that far.
+    pub fn note_applied(&mut self, applied: u64) {
+        let commit = self
+            .hard_state
+            .commit
+            .max(applied)
+            .min(self.last_index().max(self.base_index));
+        self.hard_state.commit = commit;
+    }
+}
+
+impl Storage for RaftLog {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(
+            self.hard_state.clone(),
+            self.conf_state.clone(),
+        ))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        if low <= self.base_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > self.last_index() + 1 || low > high {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let max = max_size.into().unwrap_or(u64::MAX);
+        let mut out = Vec::new();
+        let mut size = 0u64;
+        for index in low..high {
+            let Some(e) = self.entry(index) else { break };
+            size += (e.data.len() + e.context.len() + 24) as u64;
+            if !out.is_empty() && size > max {
+                break;
+            }
+            out.push(e.clone());
+        }
+        Ok(out)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        if idx < self.base_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        self.entry_term(idx)
+            .ok_or(raft::Error::Store(StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(RaftLog::first_index(self))
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(RaftLog::last_index(self))
+    }
+
+    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        // Snapshots are built by the shell (they need the engine's tables); until one is ready
+        // the core retries.
+        Err(raft::Error::Store(
+            StorageError::SnapshotTemporarilyUnavailable,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(index: u64, term: u64) -> Entry {
+        let mut e = Entry::default();
+        e.index = index;
+        e.term = term;
+        e.data = vec![index as u8; 10].into();
+        e
+    }
+
+    fn hs(term: u64, commit: u64) -> HardState {
+        let mut h = HardState::default();
+        h.term = term;
+        h.commit = commit;
+        h
+    }
+
+    #[test]
+    fn an_overlapping_append_replaces_the_conflicting_tail() {
+        let mut log = RaftLog::new(vec![1, 2, 3]);
+        log.append(&(1..=5).map(|i| entry(i, 1)).collect::<Vec<_>>())
+            .unwrap();
+        log.append(&[entry(4, 2), entry(5, 2), entry(6, 2)])
+            .unwrap();
+        assert_eq!(log.last_index(), 6);
+        assert_eq!(log.entry_term(3), Some(1));
+        assert_eq!(log.entry_term(4), Some(2));
+        assert_eq!(log.held(), (6, 60));
+        assert!(log.append(&[entry(9, 2)]).is_err(), "a gap is refused");
+    }
+
+    #[test]
+    fn compaction_keeps_the_term_of_the_base() {
+        let mut log = RaftLog::new(vec![1]);
+        log.append(&(1..=5).map(|i| entry(i, i)).collect::<Vec<_>>())
+            .unwrap();
+        log.compact_to(3).unwrap();
+        assert_eq!(log.first_index(), 4);
+        assert_eq!(Storage::term(&log, 3).unwrap(), 3);
+        assert!(Storage::term(&log, 2).is_err());
+        assert!(log
+            .entries(3, 5, None, GetEntriesContext::empty(false))
+            .is_err());
+        let got = log
+            .entries(4, 6, None, GetEntriesContext::empty(false))
+            .unwrap();
+        assert_eq!(got.iter().map(|e| e.index).collect::<Vec<_>>(), vec![4, 5]);
+    }
+
+    #[test]
+    fn replaying_records_rebuilds_the_same_log() {
+        let records = vec![
+            RaftRecord::HardState(hs(1, 0)),
+            RaftRecord::Entries {
+                hard_state: hs(1, 2),
+                entries: (1..=4).map(|i| entry(i, 1)).collect(),
+            },
+            RaftRecord::Entries {
+                hard_state: hs(2, 3),
+                entries: vec![entry(4, 2), entry(5, 2)],
+            },
+            RaftRecord::Checkpoint {
+                index: 2,
+                term: 1,
+                hard_state: hs(2, 4),
+            },
+        ];
+        let mut log = RaftLog::new(vec![1, 2, 3]);
+        for r in &records {
+            log.apply_record(r).unwrap();
+        }
+        assert_eq!(log.base(), (2, 1));
+        assert_eq!(log.last_index(), 5);
+        assert_eq!(log.entry_term(4), Some(2));
+        assert_eq!(log.hard_state().commit, 4);
+        assert_eq!(log.hard_state().term, 2);
+    }
+
+    #[test]
+    fn the_commit_index_never_goes_back_or_past_the_log() {
+        let mut log = RaftLog::new(vec![1]);
+        log.apply_record(&RaftRecord::Entries {
+            hard_state: hs(1, 3),
+            entries: (1..=3).map(|i| entry(i, 1)).collect(),
+        })
+        .unwrap();
+        log.apply_record(&RaftRecord::HardState(hs(1, 1))).unwrap();
+        assert_eq!(log.hard_state().commit, 3);
+        log.apply_record(&RaftRecord::HardState(hs(1, 9))).unwrap();
+        assert_eq!(log.hard_state().commit, 3);
+    }
+}

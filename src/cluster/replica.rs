@@ -1,0 +1,403 @@
+//! [`Replica`]: one shard's Raft group member as a pure state machine (the driver's core).
+//!
+//! It wraps the `raft` crate's `RawNode` over a [`RaftLog`] and turns each `Ready` into
+//! [`Work`] the shell carries out: messages to send now, a [`RaftRecord`] to append to the log,
+//! committed entries to apply, and a change of role. It performs no I/O and reads no clock: the
+//! shell calls [`Replica::tick`] on its timer, [`Replica::step`] with messages from peers,
+//! [`Replica::durable`] when the log's fdatasync moved, and [`Replica::applied_to`] after it
+//! applied committed entries. The same core runs in the deterministic simulation
+//! (`tests/cluster_sim.rs`) with a simulated disk and network.
+//!
+//! Persistence is asynchronous and grouped: a Ready's record goes into the log's group commit
+//! without waiting (`advance_append_async`); messages that must follow it (votes, append
+//! responses) are held until the fdatasync covering it, and only then is the Ready reported
+//! persisted, so one fdatasync covers every Ready appended while the previous one was in flight.
+//!
+//! Leadership: a new leader serves (accepts proposals, and its shell dispatches) only once it
+//! has applied its own first entry of the term, so every command of earlier terms — the event-id
+//! high-water mark, deletes — is in its state first.
+
+use std::collections::VecDeque;
+
+use raft::eraftpb::{Entry, EntryType, Message, Snapshot};
+use raft::{RawNode, StateRole};
+
+use super::raft_log::RaftLog;
+use super::record::RaftRecord;
+
+/// Timing and limits of one replica (from `[cluster]`).
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    pub id: u64,
+    pub voters: Vec<u64>,
+    pub election_ticks: usize,
+    pub heartbeat_ticks: usize,
+    /// Largest append message, in bytes of entries.
+    pub max_message_bytes: u64,
+    /// Append messages in flight per follower.
+    pub max_inflight_messages: usize,
+}
+
+/// Where the shell appends a [`Work`]'s record; returns its log sequence number (the WAL's).
+pub trait RecordSink {
+    type Error;
+    fn append(&mut self, record: &RaftRecord) -> Result<u64, Self::Error>;
+}
+
+/// A replica's role as the shell needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Role {
+    pub term: u64,
+    /// This replica is the leader.
+    pub leader: bool,
+    /// The leader this replica knows of (0: none).
+    pub leader_id: u64,
+}
+
+/// What one Ready asks of the shell, in this order: send `messages`, apply `committed` (then
+/// [`Replica::applied_to`]); the record was already appended through the [`RecordSink`].
+#[derive(Debug, Default)]
+pub struct Work {
+    pub messages: Vec<Message>,
+    pub committed: Vec<Entry>,
+    pub role: Option<Role>,
+    /// A snapshot from the leader to install before anything else.
+    pub snapshot: Option<Snapshot>,
+}
+
+/// A Ready appended to the log and not yet durable.
+struct Pending {
+    number: u64,
+    /// The record's sequence number; `None` when the Ready had nothing to persist.
+    seq: Option<u64>,
+    messages: Vec<Message>,
+}
+
+/// Why a proposal was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    #[error("not the leader (leader: {leader:?})")]
+    NotLeader { leader: Option<u64> },
+    #[error("the proposal was dropped by the raft core")]
+    Dropped,
+}
+
+/// One follower's progress, as the leader sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FollowerStatus {
+    pub id: u64,
+    pub matched: u64,
+}
+
+/// A replica's figures for `pinq cluster status` and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    pub id: u64,
+    pub term: u64,
+    pub leader_id: u64,
+    pub is_leader: bool,
+    pub serving: bool,
+    pub commit: u64,
+    pub applied: u64,
+    pub first_index: u64,
+    pub last_index: u64,
+    pub followers: Vec<FollowerStatus>,
+}
+
+pub struct Replica {
+    node: RawNode<RaftLog>,
+    unpersisted: VecDeque<Pending>,
+    /// While leader: the index of this term's first entry; it serves once that is applied.
+    leader_start: Option<u64>,
+    applied: u64,
+    last_role: Role,
+}
+
+impl Replica {
+    /// A replica over a recovered `log`, whose state machine holds everything through `applied`.
+    pub fn new(
+        config: &ReplicaConfig,
+        mut log: RaftLog,
+        applied: u64,
+        logger: &slog::Logger,
+    ) -> Result<Replica, raft::Error> {
+        log.note_applied(applied);
+        let applied = applied.min(log.hard_state().commit);
+        let raft_config = raft::Config {
+            id: config.id,
+            election_tick: config.election_ticks,
+            heartbeat_tick: config.heartbeat_ticks,
+            applied,
+            max_size_per_msg: config.max_message_bytes,
+            max_inflight_msgs: config.max_inflight_messages,
+            check_quorum: true,
+            pre_vote: true,
+            ..raft::Config::default()
+        };
+        raft_config.validate()?;
+        let node = RawNode::new(&raft_config, log, logger)?;
+        let last_role = Role {
+            term: node.raft.term,
+            leader: false,
+            leader_id: 0,
+        };
+        Ok(Replica {
+            node,
+            unpersisted: VecDeque::new(),
+            leader_start: None,
+            applied,
+            last_role,
+        })
+    }
+
+    pub fn tick(&mut self) {
+        self.node.tick();
+    }
+
+    /// Takes a message from a peer. Messages for another group member, or stale ones, are
+    /// dropped by the core (Raft tolerates loss).
+    pub fn step(&mut self, message: Message) -> Result<(), raft::Error> {
+        self.node.step(message)
+    }
+
+    /// Starts an election now (tests, and a leader transfer later).
+    pub fn campaign(&mut self) -> Result<(), raft::Error> {
+        self.node.campaign()
+    }
+
+    /// Appends `data` (an encoded command) as a new entry; returns its term and index. Only a
+    /// serving leader takes proposals.
+    pub fn propose(&mut self, data: Vec<u8>) -> Result<(u64, u64), ProposeError> {
+        if !self.serving() {
+            let leader = self.node.raft.leader_id;
+            return Err(ProposeError::NotLeader {
+                leader: (leader != 0 && leader != self.node.raft.id).then_some(leader),
+            });
+        }
+        self.node
+            .propose(Vec::new(), data)
+            .map_err(|_| ProposeError::Dropped)?;
+        Ok((self.node.raft.term, self.node.raft.raft_log.last_index()))
+    }
+
+    /// Leader of its term and caught up with every earlier term.
+    pub fn serving(&self) -> bool {
+        self.node.raft.state == StateRole::Leader
+            && self.leader_start.is_some_and(|start| self.applied >= start)
+    }
+
+    pub fn role(&self) -> Role {
+        Role {
+            term: self.node.raft.term,
+            leader: self.node.raft.state == StateRole::Leader,
+            leader_id: self.node.raft.leader_id,
+        }
+    }
+
+    pub fn has_work(&self) -> bool {
+        self.node.has_ready()
+    }
+
+    /// Turns the next Ready into work; its record (if any) is appended through `sink` first.
+    pub fn next_work<S: RecordSink>(&mut self, sink: &mut S) -> Result<Option<Work>, S::Error> {
+        if !self.node.has_ready() {
+            return Ok(None);
+        }
+        let mut rd = self.node.ready();
+        let mut work = Work {
+            messages: rd.take_messages(),
+            ..Work::default()
+        };
+        if !rd.snapshot().is_empty() {
+            let snapshot = rd.snapshot().clone();
+            let meta = snapshot.get_metadata();
+            self.node.mut_store().reset_to(meta.index, meta.term);
+            work.snapshot = Some(snapshot);
+        }
+        let entries = rd.take_entries();
+        let hard_state = rd.hs().cloned();
+        let vote_changed = hard_state.as_ref().is_some_and(|hs| {
+            let old = self.node.store().hard_state();
+            hs.term != old.term || hs.vote != old.vote
+        });
+        let record = if !entries.is_empty() {
+            Some(RaftRecord::Entries {
+                hard_state: hard_state
+                    .clone()
+                    .unwrap_or_else(|| self.node.store().hard_state().clone()),
+                entries,
+            })
+        } else if vote_changed || work.snapshot.is_some() {
+            let hs = hard_state
+                .clone()
+                .unwrap_or_else(|| self.node.store().hard_state().clone());
+            Some(match &work.snapshot {
+                Some(s) => RaftRecord::Checkpoint {
+                    index: s.get_metadata().index,
+                    term: s.get_metadata().term,
+                    hard_state: hs,
+                },
+                None => RaftRecord::HardState(hs),
+            })
+        } else {
+            None
+        };
+        let seq = match &record {
+            Some(record) => {
+                let seq = sink.append(record)?;
+                if let RaftRecord::Entries { entries, .. } = record {
+                    // Appended to the raft core's storage before `advance_append_async`, as the
+                    // core reads entries back from there.
+                    let _ = self.node.mut_store().append(entries);
+                }
+                Some(seq)
+            }
+            None => None,
+        };
+        if let Some(hs) = hard_state {
+            self.node.mut_store().set_hard_state(hs);
+        }
+        work.committed = rd.take_committed_entries();
+        let persisted_messages = rd.take_persisted_messages();
+        let number = rd.number();
+        self.node.advance_append_async(rd);
+        self.unpersisted.push_back(Pending {
+            number,
+            seq,
+            messages: persisted_messages,
+        });
+        // A Ready with nothing to write is persisted as soon as those before it are.
+        work.messages.extend(self.release_persisted(None));
+        work.role = self.note_role();
+        Ok(Some(work))
+    }
+
+    /// The log is durable through `synced_seq`: reports the Readies it covers persisted and
+    /// returns the messages that waited for them.
+    pub fn durable(&mut self, synced_seq: u64) -> Vec<Message> {
+        self.release_persisted(Some(synced_seq))
+    }
+
+    fn release_persisted(&mut self, synced_seq: Option<u64>) -> Vec<Message> {
+        let mut messages = Vec::new();
+        let mut last = None;
+        while let Some(front) = self.unpersisted.front() {
+            let done = match front.seq {
+                None => true,
+                Some(seq) => synced_seq.is_some_and(|synced| seq <= synced),
+            };
+            if !done {
+                break;
+            }
+            if let Some(p) = self.unpersisted.pop_front() {
+                last = Some(p.number);
+                messages.extend(p.messages);
+            }
+        }
+        if let Some(number) = last {
+            self.node.on_persist_ready(number);
+        }
+        messages
+    }
+
+    /// The sequence number of the oldest record not yet reported durable.
+    pub fn oldest_unpersisted_seq(&self) -> Option<u64> {
+        self.unpersisted.iter().find_map(|p| p.seq)
+    }
+
+    /// The shell applied every committed entry through `index`.
+    pub fn applied_to(&mut self, index: u64) {
+        if index > self.applied {
+            self.applied = index;
+            self.node.advance_apply_to(index);
+        }
+    }
+
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    fn note_role(&mut self) -> Option<Role> {
+        let role = self.role();
+        if role.leader && self.leader_start.is_none() {
+            self.leader_start = Some(self.node.raft.raft_log.last_index());
+        }
+        if !role.leader {
+            self.leader_start = None;
+        }
+        if role == self.last_role {
+            return None;
+        }
+        self.last_role = role;
+        Some(role)
+    }
+
+    /// Whether this replica just became able to serve (the shell rebuilds its pipeline then).
+    pub fn leader_start(&self) -> Option<u64> {
+        self.leader_start
+    }
+
+    /// Drops log entries through `index` (the state machine has them on disk and every follower
+    /// has them, or is beyond the retention bound). Returns the new compaction point.
+    pub fn compact_to(&mut self, index: u64) -> Result<(u64, u64), String> {
+        let index = index.min(self.applied);
+        self.node.mut_store().compact_to(index)?;
+        Ok(self.node.store().base())
+    }
+
+    pub fn log(&self) -> &RaftLog {
+        self.node.store()
+    }
+
+    /// The lowest index every follower has (the leader's view), or `None` when not leader.
+    pub fn min_follower_match(&self) -> Option<u64> {
+        let progress = self.node.status().progress?;
+        progress
+            .iter()
+            .filter(|(id, _)| **id != self.node.raft.id)
+            .map(|(_, p)| p.matched)
+            .min()
+    }
+
+    pub fn status(&self) -> ReplicaStatus {
+        let status = self.node.status();
+        let followers = status
+            .progress
+            .map(|p| {
+                let mut f: Vec<FollowerStatus> = p
+                    .iter()
+                    .filter(|(id, _)| **id != status.id)
+                    .map(|(id, p)| FollowerStatus {
+                        id: *id,
+                        matched: p.matched,
+                    })
+                    .collect();
+                f.sort_by_key(|f| f.id);
+                f
+            })
+            .unwrap_or_default();
+        ReplicaStatus {
+            id: status.id,
+            term: status.hs.term,
+            leader_id: status.ss.leader_id,
+            is_leader: status.ss.raft_state == StateRole::Leader,
+            serving: self.serving(),
+            commit: status.hs.commit,
+            applied: self.applied,
+            first_index: self.log().first_index(),
+            last_index: self.log().last_index(),
+            followers,
+        }
+    }
+}
+
+/// Whether a committed entry carries a command (the leader's empty entry of a new term and
+/// configuration changes do not).
+pub fn carries_command(entry: &Entry) -> bool {
+    entry.get_entry_type() == EntryType::EntryNormal && !entry.data.is_empty()
+}
+
+/// A logger for the raft core that drops everything (pinq logs through `tracing`).
+pub fn quiet_logger() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
