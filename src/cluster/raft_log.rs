@@ -31,8 +31,10 @@ pub struct RaftLog {
 impl RaftLog {
     /// An empty log of a group with these voters.
     pub fn new(voters: Vec<u64>) -> RaftLog {
-        let mut conf_state = ConfState::default();
-        conf_state.voters = voters;
+        let conf_state = ConfState {
+            voters,
+            ..ConfState::default()
+        };
         RaftLog {
             conf_state,
             ..RaftLog::default()
@@ -250,6 +252,7 @@ impl Storage for RaftLog {
 }
 
 #[cfg(test)]
+#[allow(clippy::field_reassign_with_default)]
 mod tests {
     use super::*;
 

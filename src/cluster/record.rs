@@ -215,17 +215,20 @@ impl<'a> Reader<'a> {
     }
 
     fn hard_state(&mut self) -> Result<HardState, RecordError> {
-        let mut hs = HardState::default();
-        hs.term = self.u64()?;
-        hs.vote = self.u64()?;
-        hs.commit = self.u64()?;
-        Ok(hs)
+        Ok(HardState {
+            term: self.u64()?,
+            vote: self.u64()?,
+            commit: self.u64()?,
+            ..HardState::default()
+        })
     }
 
     fn entry(&mut self) -> Result<Entry, RecordError> {
-        let mut e = Entry::default();
-        e.index = self.u64()?;
-        e.term = self.u64()?;
+        let mut e = Entry {
+            index: self.u64()?,
+            term: self.u64()?,
+            ..Entry::default()
+        };
         let kind = match self.u8()? {
             0 => EntryType::EntryNormal,
             1 => EntryType::EntryConfChange,
@@ -246,6 +249,7 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
+#[allow(clippy::field_reassign_with_default)]
 mod tests {
     use super::*;
 
