@@ -9,3 +9,4 @@
 pub mod raft_log;
 pub mod record;
 pub mod replica;
+pub mod driver;

@@ -94,6 +94,14 @@ pub enum StoreError {
     },
     #[error("store is closed")]
     Closed,
+    /// Clustered: this replica does not lead the shard's Raft group (`leader`: the node that
+    /// does, when known). Nothing was written.
+    #[error("not the leader of this shard (leader: {})", leader.map_or("none yet".to_string(), |l| format!("node {l}")))]
+    NotLeader { leader: Option<u64> },
+    /// Clustered: leadership changed while the command waited for its commit. It may or may
+    /// not be stored: retry on the new leader (at-least-once).
+    #[error("leadership changed before the command committed: it may or may not be stored")]
+    LeadershipLost,
 }
 
 impl StoreError {
@@ -101,7 +109,38 @@ impl StoreError {
     /// or the engine for good (memory may hold what the disk lost), and damage is not repaired
     /// by retrying. `Closed` only means a shutdown is under way.
     pub fn is_fatal(&self) -> bool {
-        !matches!(self, StoreError::Closed)
+        !matches!(
+            self,
+            StoreError::Closed | StoreError::NotLeader { .. } | StoreError::LeadershipLost
+        )
+    }
+
+    /// A copy to hand to several waiters (an I/O error keeps its kind and text).
+    pub fn clone_kind(&self) -> StoreError {
+        match self {
+            StoreError::Io { path, source } => StoreError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            StoreError::Corrupt { file, what } => StoreError::Corrupt {
+                file: file.clone(),
+                what: what.clone(),
+            },
+            StoreError::LogCorrupt {
+                file,
+                offset,
+                reason,
+                evidence,
+            } => StoreError::LogCorrupt {
+                file: file.clone(),
+                offset: *offset,
+                reason: reason.clone(),
+                evidence: evidence.clone(),
+            },
+            StoreError::Closed => StoreError::Closed,
+            StoreError::NotLeader { leader } => StoreError::NotLeader { leader: *leader },
+            StoreError::LeadershipLost => StoreError::LeadershipLost,
+        }
     }
 }
 

@@ -1,0 +1,512 @@
+//! [`ReplicatedStore`]: a shard's durable state in a cluster, the glommio shell around a
+//! [`Replica`] — the Raft log (the shard's WAL) in front of the LSM [`Engine`], behind
+//! [`crate::storage::Store`].
+//!
+//! ```text
+//!  commit(cmd) ──propose──▶ Replica ──Ready──▶ driver loop ──▶ WAL (records; one fdatasync per
+//!     ▲                       ▲                  │   │          group commit, never two)
+//!     │                 step(peer msg)           │   └──▶ outbox ──▶ transport (peers)
+//!     └── waiter(index) ◀── Engine::apply ◀──────┘ committed entries, in order, on every replica
+//! ```
+//!
+//! The driver loop (one task, on the shard's core) wakes on a kick (a proposal, a message from
+//! a peer), on the Raft tick, or when the WAL's fdatasync moves past a record the replica waits
+//! for; it turns each Ready into work: messages out, the record into the WAL, committed entries
+//! into the engine (after `Engine::admit`, the engine's bound on frozen memtables), and resolves
+//! the proposals they answer. A proposal resolves once its entry is committed by a quorum and
+//! applied here; an entry of another term at its index, or the loss of leadership, fails it
+//! (its outcome is then unknown: the client retries, at-least-once).
+//!
+//! Reclaim: after each engine flush, the log is compacted to what the tables hold, but never
+//! past what the slowest follower has unless it is further behind than `logRetainEntries`; a
+//! checkpoint record (compaction point and hard state) is made durable before the WAL segments
+//! it supersedes are removed.
+//!
+//! Open: the engine loads its tables (its manifest's `applied_index` is a Raft index), the WAL's
+//! records rebuild the [`RaftLog`], and Raft itself hands back the committed entries past the
+//! tables for the engine to apply again.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures_channel::oneshot;
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
+use raft::eraftpb::{Entry, Message};
+
+use super::raft_log::RaftLog;
+use super::record::RaftRecord;
+use super::replica::{carries_command, quiet_logger, RecordSink, Replica, ReplicaConfig, ReplicaStatus, Role};
+use crate::key::Key;
+use crate::log::{recovery, Command, Wal};
+use crate::message::Value;
+use crate::storage::engine::{Engine, LsmEnv, LsmStats, Opened};
+use crate::storage::io as dio;
+use crate::storage::{LsmOptions, Store, StoreError, Sync};
+
+/// Bytes of proposals between `commit` and their apply, per shard: a full budget makes
+/// proposers wait (the leader's side of the bound; followers are bounded by Raft's in-flight
+/// window).
+pub const PROPOSAL_BYTES_MAX: u64 = 8 << 20;
+/// Raft messages queued for the transport before new ones are dropped (Raft retries).
+pub const OUTBOX_MESSAGES_MAX: usize = 4096;
+
+/// Settings of one shard's replica, from `[cluster]`.
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    pub replica: ReplicaConfig,
+    pub tick: Duration,
+    /// Entries kept past the slowest follower before it is left to a snapshot.
+    pub log_retain_entries: u64,
+}
+
+/// Where a proposal waits for its entry.
+struct Waiter {
+    term: u64,
+    done: oneshot::Sender<Result<u64, StoreError>>,
+}
+
+/// The WAL as the replica's record sink; remembers which Raft index each record reaches.
+struct WalSink<'a> {
+    wal: &'a Wal,
+    index: &'a RefCell<VecDeque<(u64, u64)>>,
+}
+
+impl RecordSink for WalSink<'_> {
+    type Error = StoreError;
+
+    fn append(&mut self, record: &RaftRecord) -> Result<u64, StoreError> {
+        let seq = self.wal.append(record)?;
+        self.index
+            .borrow_mut()
+            .push_back((seq, record.last_index()));
+        Ok(seq)
+    }
+}
+
+/// A shard's replicated store. See the module docs.
+pub struct ReplicatedStore {
+    engine: Rc<Engine>,
+    wal: Rc<Wal>,
+    replica: RefCell<Replica>,
+    config: DriverConfig,
+    waiters: RefCell<BTreeMap<u64, Waiter>>,
+    /// (WAL sequence number, highest Raft index in that record), oldest first.
+    record_index: RefCell<VecDeque<(u64, u64)>>,
+    kick_tx: LocalSender<()>,
+    kick_rx: RefCell<Option<LocalReceiver<()>>>,
+    outbox: LocalSender<Vec<Message>>,
+    /// The shard's view of this replica's role; the shard watches `role_changed`.
+    role: Cell<(Role, bool)>,
+    role_changed: crate::storage::signal::Signal,
+    proposal_room: glommio::sync::Semaphore,
+    wal_bytes_max: u64,
+    closed: Cell<bool>,
+    messages_dropped: Cell<u64>,
+}
+
+impl ReplicatedStore {
+    /// Opens (or creates) the shard's replicated store in `dir`; Raft messages for peers go to
+    /// `outbox`. Must run on the shard's executor; call [`ReplicatedStore::start`] next.
+    pub async fn open(
+        dir: &Path,
+        options: LsmOptions,
+        config: DriverConfig,
+        outbox: LocalSender<Vec<Message>>,
+    ) -> Result<ReplicatedStore, StoreError> {
+        let segment_bytes_max = options.wal_segment_bytes_max;
+        let preallocate_bytes = options.wal_preallocate_bytes;
+        let wal_bytes_max = options.wal_bytes_max;
+        let Opened {
+            engine,
+            applied_index,
+            orphans,
+        } = Engine::open_with(dir, options, LsmEnv::default()).await?;
+        let mut raft_log = RaftLog::new(config.replica.voters.clone());
+        let mut record_index = VecDeque::new();
+        let mut log = recovery::recover_records(engine.dir(), 0, |seq, payload| {
+            let record = RaftRecord::decode(payload).map_err(|e| {
+                format!("{e} (a data directory written by a standalone broker cannot join a cluster)")
+            })?;
+            raft_log.apply_record(&record)?;
+            record_index.push_back((seq, record.last_index()));
+            Ok(())
+        })
+        .await?;
+        engine.remove_orphans(&orphans)?;
+        log.finish(engine.dir())?;
+        engine.note_log_recovery(&log.report);
+        let wal = Rc::new(Wal::new(
+            engine.dir(),
+            log.next_index,
+            log.live_segments,
+            segment_bytes_max,
+            preallocate_bytes,
+        ));
+        let replica = Replica::new(&config.replica, raft_log, applied_index, &quiet_logger())
+            .map_err(|e| raft_error(engine.dir(), e))?;
+        let (kick_tx, kick_rx) = local_channel::new_bounded(1);
+        let role = (replica.role(), false);
+        Ok(ReplicatedStore {
+            engine: Rc::new(engine),
+            wal,
+            replica: RefCell::new(replica),
+            config,
+            waiters: RefCell::new(BTreeMap::new()),
+            record_index: RefCell::new(record_index),
+            kick_tx,
+            kick_rx: RefCell::new(Some(kick_rx)),
+            outbox,
+            role: Cell::new(role),
+            role_changed: Default::default(),
+            proposal_room: glommio::sync::Semaphore::new(PROPOSAL_BYTES_MAX),
+            wal_bytes_max,
+            closed: Cell::new(false),
+            messages_dropped: Cell::new(0),
+        })
+    }
+
+    /// Starts the WAL writer, the engine's tasks, the driver loop and the reclaimer.
+    pub fn start(self: &Rc<Self>) -> Result<(), StoreError> {
+        self.wal.start();
+        self.engine.start()?;
+        let Some(kicks) = self.kick_rx.borrow_mut().take() else {
+            return Ok(());
+        };
+        glommio::spawn_local(Rc::clone(self).drive(kicks)).detach();
+        glommio::spawn_local(Rc::clone(self).reclaim()).detach();
+        Ok(())
+    }
+
+    fn kick(&self) {
+        let _ = self.kick_tx.try_send(());
+    }
+
+    /// A Raft message from a peer's replica of this shard.
+    pub fn step(&self, message: Message) {
+        if self.replica.borrow_mut().step(message).is_ok() {
+            self.kick();
+        }
+    }
+
+    /// This replica's role and whether it serves (leads and has caught up).
+    pub fn role(&self) -> (Role, bool) {
+        self.role.get()
+    }
+
+    /// Resolves at the next change of [`ReplicatedStore::role`].
+    pub fn role_changed(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.role_changed.wait()
+    }
+
+    pub fn status(&self) -> ReplicaStatus {
+        self.replica.borrow().status()
+    }
+
+    pub fn messages_dropped(&self) -> u64 {
+        self.messages_dropped.get()
+    }
+
+    /// The driver loop. See the module docs.
+    async fn drive(self: Rc<Self>, kicks: LocalReceiver<()>) {
+        let mut next_tick = std::time::Instant::now() + self.config.tick;
+        while !self.closed.get() {
+            if let Err(e) = self.run_work().await {
+                self.fail_waiters(&e);
+                tracing::error!("raft driver: {e}");
+                return;
+            }
+            let now = std::time::Instant::now();
+            if now >= next_tick {
+                self.replica.borrow_mut().tick();
+                next_tick = now + self.config.tick;
+                continue;
+            }
+            let pending = self.replica.borrow().oldest_unpersisted_seq();
+            let wal = Rc::clone(&self.wal);
+            let durable = async move {
+                match pending {
+                    Some(seq) => {
+                        let _ = wal.wait_durable(seq).await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let sleep = glommio::timer::sleep(next_tick - now);
+            futures_lite::future::or(
+                futures_lite::future::or(
+                    async {
+                        sleep.await;
+                    },
+                    async {
+                        let _ = kicks.recv().await;
+                    },
+                ),
+                durable,
+            )
+            .await;
+        }
+    }
+
+    /// Handles every Ready there is: messages out, records in, committed entries applied.
+    async fn run_work(&self) -> Result<(), StoreError> {
+        loop {
+            let released = self.replica.borrow_mut().durable(self.wal.synced_seq());
+            self.send(released);
+            let work = {
+                let mut sink = WalSink {
+                    wal: &self.wal,
+                    index: &self.record_index,
+                };
+                self.replica.borrow_mut().next_work(&mut sink)?
+            };
+            let Some(work) = work else {
+                self.note_role();
+                return Ok(());
+            };
+            if work.snapshot.is_some() {
+                return Err(crate::storage::io_error(
+                    self.engine.dir(),
+                    std::io::Error::other(
+                        "the leader sent a snapshot, which this build cannot install yet: \
+                         restart this node with an empty data directory for the shard",
+                    ),
+                ));
+            }
+            self.send(work.messages);
+            if work.role.is_some_and(|r| !r.leader) {
+                self.fail_waiters(&StoreError::LeadershipLost);
+            }
+            self.apply(work.committed).await?;
+            self.note_role();
+        }
+    }
+
+    fn send(&self, messages: Vec<Message>) {
+        if messages.is_empty() {
+            return;
+        }
+        let n = messages.len() as u64;
+        if self.outbox.try_send(messages).is_err() {
+            self.messages_dropped.set(self.messages_dropped.get() + n);
+        }
+    }
+
+    /// Applies committed entries in order and resolves the proposals they answer.
+    async fn apply(&self, entries: Vec<Entry>) -> Result<(), StoreError> {
+        let Some(last) = entries.last().map(|e| e.index) else {
+            return Ok(());
+        };
+        for entry in &entries {
+            if carries_command(entry) {
+                let command = Command::decode(&entry.data).map_err(|e| {
+                    crate::storage::io_error(
+                        self.engine.dir(),
+                        std::io::Error::other(format!(
+                            "committed raft entry {} does not hold a command: {e}",
+                            entry.index
+                        )),
+                    )
+                })?;
+                let turn = self.engine.admit().await?;
+                let froze = self.engine.apply(entry.index, &command);
+                let over_cap =
+                    self.engine.nothing_frozen() && self.wal.live_bytes() >= self.wal_bytes_max;
+                if froze || (over_cap && self.engine.freeze()) {
+                    self.wal.roll();
+                }
+                drop(turn);
+            }
+            self.resolve(entry);
+        }
+        self.replica.borrow_mut().applied_to(last);
+        Ok(())
+    }
+
+    fn resolve(&self, entry: &Entry) {
+        let mut waiters = self.waiters.borrow_mut();
+        // Waiters below this index whose entries were replaced never see theirs.
+        while let Some((&index, _)) = waiters.first_key_value() {
+            if index > entry.index {
+                break;
+            }
+            if let Some((index, waiter)) = waiters.pop_first() {
+                let result = if index == entry.index && waiter.term == entry.term {
+                    Ok(index)
+                } else {
+                    Err(StoreError::LeadershipLost)
+                };
+                let _ = waiter.done.send(result);
+            }
+        }
+    }
+
+    fn fail_waiters(&self, error: &StoreError) {
+        let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
+        for (_, waiter) in waiters {
+            let _ = waiter.done.send(Err(error.clone_kind()));
+        }
+    }
+
+    fn note_role(&self) {
+        let replica = self.replica.borrow();
+        let now = (replica.role(), replica.serving());
+        drop(replica);
+        if now != self.role.get() {
+            self.role.set(now);
+            self.role_changed.notify();
+        }
+    }
+
+    /// Proposes `command` and waits until it is committed and applied here.
+    async fn propose(&self, command: &Command) -> Result<u64, StoreError> {
+        let data = command.to_bytes();
+        let units = (data.len() as u64).clamp(1, PROPOSAL_BYTES_MAX);
+        let _room = self
+            .proposal_room
+            .acquire_permit(units)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        let (term, index) = self
+            .replica
+            .borrow_mut()
+            .propose(data)
+            .map_err(|e| match e {
+                super::replica::ProposeError::NotLeader { leader } => {
+                    StoreError::NotLeader { leader }
+                }
+                super::replica::ProposeError::Dropped => StoreError::LeadershipLost,
+            })?;
+        let (done, wait) = oneshot::channel();
+        self.waiters
+            .borrow_mut()
+            .insert(index, Waiter { term, done });
+        self.kick();
+        wait.await.map_err(|_| StoreError::LeadershipLost)?
+    }
+
+    /// Compacts the log after each engine flush. See the module docs.
+    async fn reclaim(self: Rc<Self>) {
+        while !self.closed.get() {
+            self.engine.flushed().await;
+            if self.engine.check_writable().is_err() || self.closed.get() {
+                return;
+            }
+            if let Err(e) = self.compact().await {
+                tracing::warn!(dir = %self.engine.dir().display(), "raft log compaction: {e}");
+            }
+        }
+    }
+
+    async fn compact(&self) -> Result<(), StoreError> {
+        let flushed = self.engine.flushed_index();
+        let point = {
+            let replica = self.replica.borrow();
+            let applied = replica.applied();
+            let floor = applied.saturating_sub(self.config.log_retain_entries);
+            let keep_for = replica.min_follower_match().unwrap_or(flushed);
+            flushed.min(keep_for.max(floor))
+        };
+        let (base, _) = self.replica.borrow().log().base();
+        if point <= base {
+            return Ok(());
+        }
+        let (index, term) = self
+            .replica
+            .borrow_mut()
+            .compact_to(point)
+            .map_err(|e| crate::storage::io_error(self.engine.dir(), std::io::Error::other(e)))?;
+        let hard_state = self.replica.borrow().log().hard_state().clone();
+        let seq = self.wal.append(&RaftRecord::Checkpoint {
+            index,
+            term,
+            hard_state,
+        })?;
+        self.record_index.borrow_mut().push_back((seq, index));
+        self.wal.wait_durable(seq).await?;
+        // Every record before the last one reaching past `index` is superseded.
+        let through = {
+            let mut records = self.record_index.borrow_mut();
+            let mut through = 0;
+            while let Some(&(seq, reach)) = records.front() {
+                if reach > index || records.len() == 1 {
+                    break;
+                }
+                through = seq;
+                records.pop_front();
+            }
+            through
+        };
+        for path in self.wal.release_through(through) {
+            dio::remove(&path).await?;
+        }
+        Ok(())
+    }
+
+    /// Graceful close: fails waiting proposals, flushes the memtable (if configured), syncs the
+    /// log and stops the tasks.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        self.closed.set(true);
+        self.kick();
+        self.fail_waiters(&StoreError::Closed);
+        let flush = self.engine.flush_on_close();
+        let result = self.engine.begin_close(flush).await;
+        if matches!(result, Err(StoreError::Closed)) {
+            return result;
+        }
+        let wal_result = self.wal.shutdown().await;
+        self.engine.finish_close().await;
+        result.and(wal_result)
+    }
+
+    pub fn stats(&self) -> LsmStats {
+        let wal = self.wal.counters();
+        LsmStats {
+            wal_records: wal.records,
+            wal_record_bytes: wal.record_bytes,
+            wal_bytes_written: wal.bytes_written,
+            wal_zero_fill_bytes: wal.zero_fill_bytes,
+            wal_writes: wal.writes,
+            wal_fsyncs: wal.fsyncs,
+            wal_live_bytes: self.wal.live_bytes(),
+            wal_segments: self.wal.live_segments(),
+            ..self.engine.stats()
+        }
+    }
+}
+
+fn raft_error(dir: &Path, e: raft::Error) -> StoreError {
+    crate::storage::io_error(dir, std::io::Error::other(format!("raft: {e}")))
+}
+
+impl Store for ReplicatedStore {
+    async fn commit(&self, command: &Command, _sync: Sync) -> Result<u64, StoreError> {
+        if command.is_empty() {
+            return Ok(self.replica.borrow().applied());
+        }
+        self.propose(command).await
+    }
+
+    async fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Key, Value)>, StoreError> {
+        self.engine.scan(start, end, limit).await
+    }
+
+    async fn first_key(&self, start: &[u8], end: Option<&[u8]>) -> Result<Option<Key>, StoreError> {
+        self.engine.first_key(start, end).await
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
+        self.engine.get(key).await
+    }
+
+    fn event_id_high_water(&self) -> u64 {
+        self.engine.event_id_high_water()
+    }
+}
