@@ -60,14 +60,23 @@ interface Broker {
   # that one), its number of shards, and the shard whose port this connection reached
   # (`anyShard` on the shared client port).
 
-  publish @1 (messages :List(PublishMessage), ackLevel :AckLevel) -> (tags :List(Data));
+  publish @1 (messages :List(PublishMessage), ackLevel :AckLevel)
+      -> (tags :List(Data), notLeader :NotLeader);
   # Publishes a batch of messages, possibly to several topics. The batch is atomic: if any
   # message is refused (see "Errors" above), the call fails and nothing is written. The reply
   # comes once the batch has reached `ackLevel`; `tags` holds each message's 24-byte delivery tag,
   # in the order of `messages`. An empty batch is allowed and returns no tags.
+  #
+  # In a cluster, only the leader of a shard stores its topics' messages. If `notLeader` is set
+  # in the reply, this node does not lead a shard the batch needs: `tags` is empty and nothing
+  # was stored; send the batch to `notLeader.leaderAddress` (or, while it is empty, retry after
+  # a short wait). A batch whose topics belong to shards led by different nodes must be split by
+  # shard (the owner of a topic is given at the top of this file). If the call fails instead
+  # (an exception) while a leader changes, the batch may or may not be stored: publishing it
+  # again is at-least-once.
 
   subscribe @2 (topic :Text, group :Text, consumer :Consumer, queueSize :UInt32)
-      -> (subscription :Subscription, consumerId :Data);
+      -> (subscription :Subscription, consumerId :Data, notLeader :NotLeader);
   # Registers `consumer` for `topic`. A non-empty `group` makes it a competing consumer: each
   # message goes to exactly one consumer of the group (round-robin). An empty `group` makes it a
   # universal consumer: it gets every message (fan-out). Each group and each universal consumer
@@ -80,6 +89,12 @@ interface Broker {
   # The reply carries the `Subscription` to acknowledge with and the consumer's 16-byte UUID.
   # Dropping the `Subscription` capability (or the connection) is a disconnect: copies the consumer
   # holds unacknowledged are redelivered at once, and a universal consumer is forgotten.
+  #
+  # In a cluster, only the leader of the topic's shard serves consumers: if `notLeader` is set,
+  # `subscription` is null; subscribe at `notLeader.leaderAddress` instead. When the shard's
+  # leader changes, the broker releases the `Consumer` capability (no more `deliver` calls) and
+  # `ack`/`nack`/`touch` fail: subscribe again, on the new leader. Copies not acknowledged by
+  # then are delivered again there (at-least-once); a message whose delete was committed is not.
 
   topology @3 () -> (shards :List(ShardInfo));
   # The broker's shards and the port each listens on, ordered by `shardId`.
@@ -92,6 +107,56 @@ interface Broker {
   # `delivery.groupRetention` does after that long without consumers: copies waiting only for
   # this group are deleted. Meant for a group whose consumers are gone for good. Fails (`failed`)
   # if `group` is empty.
+
+  clusterStatus @6 () -> (status :ClusterStatus);
+  # In a cluster: every member node and this node's view of every shard's Raft group (on the
+  # shard's leader, with each follower's progress). Standalone: `nodeId` 0 and no nodes.
+}
+
+struct NotLeader {
+  # In a cluster: this node does not lead the shard a request needs. Nothing was done.
+
+  shardId @0 :UInt32;
+  term @1 :UInt64;
+  # The Raft term this node knows for the shard.
+  leaderNodeId @2 :UInt64;
+  # The leader's node id; 0 when no leader is known yet (an election is under way: retry soon).
+  leaderAddress @3 :Text;
+  # The leader's client address, `host:port`; empty when not known.
+}
+
+struct ClusterStatus {
+  nodeId @0 :UInt64;
+  # The node that answered; 0 for a standalone broker.
+  nodes @1 :List(NodeStatus);
+  shards @2 :List(ShardReplica);
+}
+
+struct NodeStatus {
+  id @0 :UInt64;
+  raftAddress @1 :Text;
+  clientAddress @2 :Text;
+  # Empty when the answering node has not heard it from that node yet.
+  reachable @3 :Bool;
+  # The answering node has a working connection to it (always true for itself).
+}
+
+struct ShardReplica {
+  # One shard's Raft group as the answering node sees it.
+  shardId @0 :UInt32;
+  leaderNodeId @1 :UInt64;
+  # 0: no leader known.
+  term @2 :UInt64;
+  commitIndex @3 :UInt64;
+  appliedIndex @4 :UInt64;
+  followers @5 :List(FollowerProgress);
+  # Filled only when the answering node is the leader.
+}
+
+struct FollowerProgress {
+  nodeId @0 :UInt64;
+  matchIndex @1 :UInt64;
+  # The highest log index known to be on that follower.
 }
 
 interface Consumer {
@@ -208,6 +273,13 @@ struct ShardInfo {
   # The shard's own port: connections to it are served on the shard's core.
   cpu @3 :UInt32;
   # The CPU the shard is pinned to.
+  leaderNodeId @4 :UInt64;
+  # In a cluster: the node leading this shard (0: none known yet). 0 for a standalone broker.
+  term @5 :UInt64;
+  # In a cluster: the shard's Raft term as this node knows it.
+  leaderAddress @6 :Text;
+  # In a cluster: the leader's client address, `host:port` (empty when not known). Publishes
+  # and subscriptions for this shard's topics go there.
 }
 
 struct Stats {

@@ -60,6 +60,8 @@ pub struct DriverConfig {
     pub tick: Duration,
     /// Entries kept past the slowest follower before it is left to a snapshot.
     pub log_retain_entries: u64,
+    /// The largest command one entry may carry (it must fit in one transport frame).
+    pub entry_bytes_max: usize,
 }
 
 /// Where a proposal waits for its entry.
@@ -363,6 +365,12 @@ impl ReplicatedStore {
     /// Proposes `command` and waits until it is committed and applied here.
     async fn propose(&self, command: &Command) -> Result<u64, StoreError> {
         let data = command.to_bytes();
+        if data.len() > self.config.entry_bytes_max {
+            return Err(StoreError::TooLarge {
+                bytes: data.len(),
+                max: self.config.entry_bytes_max,
+            });
+        }
         let units = (data.len() as u64).clamp(1, PROPOSAL_BYTES_MAX);
         let _room = self
             .proposal_room

@@ -9,4 +9,6 @@
 pub mod raft_log;
 pub mod record;
 pub mod replica;
+pub mod transport;
 pub mod driver;
+pub mod view;

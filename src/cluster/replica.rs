@@ -45,7 +45,7 @@ pub trait RecordSink {
 }
 
 /// A replica's role as the shell needs it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Role {
     pub term: u64,
     /// This replica is the leader.

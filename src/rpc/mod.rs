@@ -27,6 +27,7 @@ pub mod pinq_capnp {
     include!("pinq_capnp.rs");
 }
 
+pub mod cluster;
 mod wire;
 
 pub use pinq_capnp::{TagResult, ANY_SHARD, CONSUMER_ID_BYTES, PROTOCOL_VERSION, TAG_BYTES};

@@ -709,12 +709,17 @@ fn read_headers(
 // Topology and stats
 
 /// One shard of the broker and its own port.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShardInfo {
     pub shard_id: u32,
     pub host: String,
     pub port: u16,
     pub cpu: u32,
+    /// In a cluster: the node leading the shard (0: none known, or standalone).
+    pub leader_node_id: u64,
+    pub term: u64,
+    /// In a cluster: the leader's client address (empty when unknown).
+    pub leader_address: String,
 }
 
 /// Fills one `ShardInfo`.
@@ -723,6 +728,9 @@ pub fn write_shard_info(mut builder: shard_info::Builder<'_>, shard: &ShardInfo)
     builder.set_host(shard.host.as_str());
     builder.set_port(shard.port);
     builder.set_cpu(shard.cpu);
+    builder.set_leader_node_id(shard.leader_node_id);
+    builder.set_term(shard.term);
+    builder.set_leader_address(shard.leader_address.as_str());
 }
 
 /// Fills a `List(ShardInfo)` initialised with `shards.len()` entries.
@@ -745,6 +753,10 @@ pub fn read_topology(
                 host: text(s.get_host()?, Field::at("shards", i, "host"))?.to_owned(),
                 port: s.get_port(),
                 cpu: s.get_cpu(),
+                leader_node_id: s.get_leader_node_id(),
+                term: s.get_term(),
+                leader_address: text(s.get_leader_address()?, Field::at("shards", i, "leaderAddress"))?
+                    .to_owned(),
             })
         })
         .collect()

@@ -17,10 +17,11 @@ use futures_lite::io::{BufReader, BufWriter};
 use glommio::channels::local_channel::LocalReceiver;
 use glommio::net::TcpStream;
 
-use super::mesh::{Request, SettleOp, SinkAddr};
+use super::mesh::{LeaderHint, Refused, Request, SettleOp, SinkAddr};
 use super::shard::{Shard, Sink};
 use super::Topology;
 use crate::batch::{PublishError, ShardPart, ValidatedBatch};
+use crate::cluster::view::ClusterView;
 use crate::key::{EventKey, TopicHash};
 use crate::pipeline::{self, ConsumerId, TagResult};
 use crate::rpc::pinq_capnp::{broker, consumer, subscription, TagResult as WireTagResult};
@@ -58,6 +59,74 @@ struct BrokerImpl {
     shard: Rc<Shard>,
     topology: Topology,
     own_port: bool,
+}
+
+/// A request for shard `owner` that this node does not serve, as the client is told.
+impl BrokerImpl {
+    fn not_led_here(&self, owner: usize) -> Option<LeaderHint> {
+        let view = self.shard.cluster.as_ref()?;
+        let replica = view.shards().into_iter().nth(owner)?;
+        if replica.status.serving {
+            return None;
+        }
+        let leader = replica.status.leader_id;
+        Some(LeaderHint {
+            shard: owner,
+            term: replica.status.term,
+            leader: (leader != 0).then_some(leader),
+            client: view.client_address(leader),
+        })
+    }
+}
+
+fn write_not_leader(builder: crate::rpc::pinq_capnp::not_leader::Builder<'_>, hint: &LeaderHint) {
+    rpc::cluster::write_not_leader(
+        builder,
+        &rpc::cluster::NotLeader {
+            shard_id: hint.shard as u32,
+            term: hint.term,
+            leader_node_id: hint.leader.unwrap_or(0),
+            leader_address: hint.client.clone().unwrap_or_default(),
+        },
+    );
+}
+
+/// This node's view of the cluster, for `Broker.clusterStatus`.
+fn cluster_status(view: &ClusterView) -> rpc::cluster::ClusterStatus {
+    let nodes = view
+        .nodes()
+        .into_iter()
+        .map(|n| rpc::cluster::NodeStatus {
+            id: n.id,
+            raft_address: n.raft,
+            client_address: n.client.unwrap_or_default(),
+            reachable: n.reachable,
+        })
+        .collect();
+    let shards = (0u32..)
+        .zip(view.shards())
+        .map(|(shard_id, s)| rpc::cluster::ShardReplica {
+            shard_id,
+            leader_node_id: s.status.leader_id,
+            term: s.status.term,
+            commit_index: s.status.commit,
+            applied_index: s.status.applied,
+            followers: s
+                .status
+                .followers
+                .iter()
+                .map(|f| rpc::cluster::FollowerProgress {
+                    node_id: f.id,
+                    match_index: f.matched,
+                })
+                .collect(),
+        })
+        .collect();
+    rpc::cluster::ClusterStatus {
+        node_id: view.node_id(),
+        nodes,
+        shards,
+    }
 }
 
 fn failed(message: impl Into<String>) -> capnp::Error {
@@ -123,18 +192,30 @@ impl broker::Server for BrokerImpl {
                     .map_err(publish_refused)?;
             (parts, messages.len())
         };
+        if let Some(hint) = parts.iter().find_map(|p| self.not_led_here(p.shard)) {
+            write_not_leader(results.get().init_not_leader(), &hint);
+            return Ok(());
+        }
         let mut tags = vec![EventKey::new(TopicHash(0), 0, 0); len];
-        for ShardPart {
-            shard: owner,
-            places,
-            batch,
-        } in parts
-        {
-            let shard_tags = self
+        for (i, part) in parts.into_iter().enumerate() {
+            let ShardPart {
+                shard: owner,
+                places,
+                batch,
+            } = part;
+            let shard_tags = match self
                 .shard
                 .call(owner, |reply| Request::Publish { batch, reply })
                 .await
-                .map_err(|e| failed(format!("publish: {e}")))?;
+            {
+                Ok(tags) => tags,
+                // Nothing of the batch was stored yet: the client may go to the leader.
+                Err(Refused::NotLeader(hint)) if i == 0 => {
+                    write_not_leader(results.get().init_not_leader(), &hint);
+                    return Ok(());
+                }
+                Err(e) => return Err(failed(format!("publish: {e}"))),
+            };
             for (place, tag) in places.into_iter().zip(shard_tags) {
                 tags[place as usize] = tag;
             }
@@ -200,6 +281,11 @@ impl broker::Server for BrokerImpl {
             .await
         {
             Ok(consumer) => consumer,
+            Err(Refused::NotLeader(hint)) => {
+                self.shard.close_sink(sink_id);
+                write_not_leader(results.get().init_not_leader(), &hint);
+                return Ok(());
+            }
             Err(e) => {
                 self.shard.close_sink(sink_id);
                 return Err(failed(format!("subscribe: {e}")));
@@ -233,8 +319,29 @@ impl broker::Server for BrokerImpl {
         _: broker::TopologyParams,
         mut results: broker::TopologyResults,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-        let shards = self.topology.shards();
+        let mut shards = self.topology.shards();
+        if let Some(view) = &self.shard.cluster {
+            for (info, replica) in shards.iter_mut().zip(view.shards()) {
+                let leader = replica.status.leader_id;
+                info.leader_node_id = leader;
+                info.term = replica.status.term;
+                info.leader_address = view.client_address(leader).unwrap_or_default();
+            }
+        }
         rpc::write_topology(results.get().init_shards(shards.len() as u32), &shards);
+        std::future::ready(Ok(()))
+    }
+
+    fn cluster_status(
+        self: CapRc<Self>,
+        _: broker::ClusterStatusParams,
+        mut results: broker::ClusterStatusResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        let status = match &self.shard.cluster {
+            Some(view) => cluster_status(view),
+            None => rpc::cluster::ClusterStatus::default(),
+        };
+        rpc::cluster::write_cluster_status(results.get().init_status(), &status);
         std::future::ready(Ok(()))
     }
 
@@ -249,7 +356,7 @@ impl broker::Server for BrokerImpl {
                 .shard
                 .call(owner, |reply| Request::Stats { reply })
                 .await
-                .map_err(failed)?;
+                .map_err(|e| failed(e.to_string()))?;
             let c = &s.counters;
             stats.shards.push(rpc::ShardStats {
                 shard_id: owner as u32,
@@ -384,7 +491,7 @@ impl SubscriptionImpl {
                 reply,
             })
             .await
-            .map_err(failed)?;
+            .map_err(|e| failed(e.to_string()))?;
         let results = tags.answers(&settled, TagResult::Malformed);
         Ok(results)
     }

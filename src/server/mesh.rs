@@ -21,7 +21,38 @@ pub enum SettleOp {
     Touch,
 }
 
-pub type Reply<T> = oneshot::Sender<Result<T, String>>;
+pub type Reply<T> = oneshot::Sender<Result<T, Refused>>;
+
+/// In a cluster: who leads a shard this node does not serve, for a client to go there.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaderHint {
+    pub shard: usize,
+    pub term: u64,
+    /// The leader's node id, when one is known.
+    pub leader: Option<u64>,
+    /// The leader's client address (`host:port`), when known.
+    pub client: Option<String>,
+}
+
+/// Why a shard refused a request.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Clustered: this node does not lead the shard; nothing was done.
+    #[error("shard {} is led by {}", .0.shard, match (&.0.leader, &.0.client) {
+        (Some(id), Some(addr)) => format!("node {id} at {addr}"),
+        (Some(id), None) => format!("node {id} (address not known yet)"),
+        _ => "no node yet (an election is under way)".to_string(),
+    })]
+    NotLeader(LeaderHint),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for Refused {
+    fn from(text: String) -> Refused {
+        Refused::Failed(text)
+    }
+}
 
 /// Work for the shard that owns a topic.
 pub enum Request {
@@ -69,5 +100,16 @@ pub enum ShardMsg {
     Credit {
         consumer: ConsumerId,
         n: usize,
+    },
+    /// The owner stopped serving the consumer behind this sink (it lost leadership): end the
+    /// subscription's stream so the client subscribes again, on the new leader.
+    CloseSink { sink: u64 },
+    /// Raft messages from a peer node for the receiving shard's replica (from shard 0, which
+    /// runs the node's transport).
+    RaftIn(Vec<raft::eraftpb::Message>),
+    /// Raft messages of shard `shard`'s replica for peer nodes (to shard 0, for its transport).
+    RaftOut {
+        shard: usize,
+        messages: Vec<raft::eraftpb::Message>,
     },
 }

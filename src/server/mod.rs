@@ -26,7 +26,12 @@ use glommio::{LocalExecutorBuilder, Placement};
 use self::mesh::ShardMsg;
 use self::shard::{now_ms, Kick, Shard};
 use self::shutdown::ShutdownFlag;
-use crate::config::{Config, PublishConfig, StorageEngine};
+use crate::cluster::driver::{DriverConfig, OUTBOX_MESSAGES_MAX};
+use crate::cluster::replica::ReplicaConfig;
+use crate::cluster::transport::Transport;
+use crate::cluster::view::{ClusterView, NodeView};
+use crate::config::{ClusterConfig, Config, PublishConfig, StorageEngine};
+use glommio::channels::local_channel::{self, LocalReceiver};
 use crate::metrics::http::MetricsEndpoint;
 use crate::metrics::MetricsSlots;
 use crate::pipeline::{drive, ShardCore};
@@ -69,8 +74,25 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let count = cpus.len();
     anyhow::ensure!(count > 0, "server.cpus selects no CPU");
     if config.storage.engine == StorageEngine::Memory {
+        anyhow::ensure!(
+            config.cluster.is_none(),
+            "a cluster node keeps its Raft log on disk: set storage.engine = \"lsm\" (or leave [cluster] out for a standalone broker)"
+        );
         tracing::warn!("storage.engine = \"memory\": nothing survives a restart");
     }
+    let cluster_view = config.cluster.as_ref().map(|c| {
+        let nodes = c
+            .peers
+            .iter()
+            .map(|(&id, raft)| NodeView {
+                id,
+                raft: raft.to_string(),
+                client: (id == c.node_id).then(|| c.advertise.to_string()),
+                reachable: id == c.node_id,
+            })
+            .collect();
+        ClusterView::new(c.node_id, nodes, count)
+    });
     let listen = resolve_port(config.server.listen)?;
     let ops = Ops {
         slots: MetricsSlots::new(count),
@@ -114,6 +136,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         let topology = topology.clone();
         let started = started_tx.clone();
         let ops = ops.clone();
+        let cluster_view = cluster_view.clone();
         let own_addr = config.server.shard_listen(shard_id);
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("pinq-shard-{shard_id}"))
@@ -129,6 +152,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                     peer_receivers,
                     started,
                     ops,
+                    cluster_view,
                 )
                 .await
             })
@@ -156,6 +180,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                 host: s.own.ip().to_string(),
                 port: s.own.port(),
                 cpu: cpus[s.shard] as u32,
+                ..ShardInfo::default()
             })
             .collect();
     }
@@ -213,6 +238,7 @@ async fn shard_main(
     peer_receivers: Vec<SharedReceiver<ShardMsg>>,
     started: mpsc::Sender<Result<Started, String>>,
     ops: Ops,
+    cluster_view: Option<ClusterView>,
 ) {
     let fail = |e: String| {
         let _ = started.send(Err(format!("shard {shard_id}: {e}")));
@@ -244,14 +270,14 @@ async fn shard_main(
         inbound.push(task.await);
     }
 
-    let store = match ShardStore::open(&config.storage, &config.server.data_dir, shard_id).await {
-        Ok(store) => store,
+    let (store, outbox) = match open_store(&config, shard_id).await {
+        Ok(opened) => opened,
         Err(e) => return fail(format!("cannot open storage: {e}")),
     };
     let core = ShardCore::new(config.delivery.clone(), now_ms());
     let (dispatcher, dispatcher_kicks) = Kick::new();
     let (deleter, deleter_kicks) = Kick::new();
-    let shard = Rc::new(Shard::new(
+    let mut shard = Shard::new(
         shard_id,
         count,
         core,
@@ -261,8 +287,17 @@ async fn shard_main(
         dispatcher,
         deleter,
         ops.shutdown.clone(),
-    ));
+    );
+    if let Some(view) = cluster_view {
+        shard = shard.with_cluster(view);
+    }
+    let shard = Rc::new(shard);
     drive::recover(&shard.core, &shard.store);
+    if let Some(outbox) = outbox {
+        if let Err(e) = start_cluster(&shard, &config, outbox) {
+            return fail(e);
+        }
+    }
 
     let background = glommio::executor().create_task_queue(
         glommio::Shares::Static(100),
@@ -317,6 +352,95 @@ async fn shard_main(
         .shut_down(std::time::Instant::now() + shutdown::DRAIN_MAX)
         .await;
     shard.publish_snapshot(&ops.slots);
+}
+
+/// Opens the shard's store: standalone, the engine `storage.engine` names; in a cluster, the
+/// replicated store, with the channel its Raft messages for peers come out of.
+async fn open_store(
+    config: &Config,
+    shard_id: usize,
+) -> Result<
+    (
+        ShardStore,
+        Option<LocalReceiver<Vec<raft::eraftpb::Message>>>,
+    ),
+    crate::storage::StoreError,
+> {
+    let data_dir = &config.server.data_dir;
+    let Some(cluster) = &config.cluster else {
+        return Ok((ShardStore::open(&config.storage, data_dir, shard_id).await?, None));
+    };
+    let (tx, rx) = local_channel::new_bounded(OUTBOX_MESSAGES_MAX);
+    let store =
+        ShardStore::open_replicated(&config.storage, data_dir, shard_id, driver_config(cluster), tx)
+            .await?;
+    Ok((store, Some(rx)))
+}
+
+/// The replica settings `[cluster]` gives every shard.
+fn driver_config(cluster: &ClusterConfig) -> DriverConfig {
+    DriverConfig {
+        replica: ReplicaConfig {
+            id: cluster.node_id,
+            voters: cluster.peers.keys().copied().collect(),
+            election_ticks: cluster.election_ticks,
+            heartbeat_ticks: cluster.heartbeat_ticks,
+            max_message_bytes: (cluster.entry_bytes_max() as u64).min(APPEND_MESSAGE_BYTES_MAX),
+            max_inflight_messages: APPEND_MESSAGES_IN_FLIGHT,
+        },
+        tick: cluster.tick_interval,
+        log_retain_entries: cluster.log_retain_entries,
+        entry_bytes_max: cluster.entry_bytes_max(),
+    }
+}
+
+/// Entries of one append message to a follower, in bytes (at least one entry is always sent).
+const APPEND_MESSAGE_BYTES_MAX: u64 = 1 << 20;
+/// Append messages in flight to one follower.
+const APPEND_MESSAGES_IN_FLIGHT: usize = 256;
+
+/// Starts a cluster shard's tasks: the role watcher and the outbox to the transport; on shard
+/// 0 also the transport itself, whose inbound messages it routes to each shard's replica.
+fn start_cluster(
+    shard: &Rc<Shard>,
+    config: &Config,
+    outbox: LocalReceiver<Vec<raft::eraftpb::Message>>,
+) -> Result<(), String> {
+    glommio::spawn_local(shard.clone().raft_out_loop(outbox)).detach();
+    glommio::spawn_local(shard.clone().role_loop()).detach();
+    let Some(cluster) = &config.cluster else {
+        return Ok(());
+    };
+    if shard.id != 0 {
+        return Ok(());
+    }
+    let weak = Rc::downgrade(shard);
+    let inbound: Rc<dyn Fn(u64, u32, raft::eraftpb::Message)> =
+        Rc::new(move |_from, to_shard, message| {
+            if let Some(shard) = weak.upgrade() {
+                shard.route_from_peer(to_shard as usize, message);
+            }
+        });
+    let transport = Transport::start(cluster, shard.count as u32, inbound)
+        .map_err(|e| format!("cannot start the cluster transport on {}: {e}", cluster.raft_listen))?;
+    *shard.transport.borrow_mut() = Some(transport.clone());
+    if let Some(view) = shard.cluster.clone() {
+        glommio::spawn_local(async move {
+            loop {
+                for peer in transport.peers() {
+                    view.set_node(NodeView {
+                        id: peer.id,
+                        raft: peer.raft_addr.to_string(),
+                        client: peer.client_addr,
+                        reachable: peer.reachable,
+                    });
+                }
+                glommio::timer::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        })
+        .detach();
+    }
+    Ok(())
 }
 
 async fn accept_loop(

@@ -32,11 +32,13 @@ use futures_channel::oneshot;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::channels::shared_channel::ConnectedSender;
 
-use super::mesh::{Reply, Request, SettleOp, ShardMsg, SinkAddr};
+use super::mesh::{LeaderHint, Refused, Reply, Request, SettleOp, ShardMsg, SinkAddr};
 use super::shutdown::ShutdownFlag;
 use crate::config::DeliveryConfig;
 use crate::metrics::{MetricsSlots, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
 use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
+use crate::cluster::driver::ReplicatedStore;
+use crate::cluster::view::ClusterView;
 use crate::storage::{ShardStore, StoreError};
 
 /// Wall-clock milliseconds; the core clamps them so shard time never goes back.
@@ -127,6 +129,13 @@ pub struct Shard {
     loops_running: Cell<usize>,
     /// The process-wide shutdown: a store that failed for good stops the whole broker.
     shutdown: ShutdownFlag,
+    /// Clustered: what this node knows of the cluster (`None` standalone).
+    pub cluster: Option<ClusterView>,
+    /// This shard serves (accepts publishes and consumers, dispatches): always standalone; in a
+    /// cluster only while its replica leads and has caught up.
+    serving: Cell<bool>,
+    /// Shard 0 of a cluster node: the node's transport to its peers.
+    pub transport: RefCell<Option<Rc<crate::cluster::transport::Transport>>>,
 }
 
 impl Shard {
@@ -159,6 +168,55 @@ impl Shard {
             publishing: Cell::new(0),
             loops_running: Cell::new(0),
             shutdown,
+            cluster: None,
+            serving: Cell::new(true),
+            transport: RefCell::new(None),
+        }
+    }
+
+    /// Makes this shard a member of a cluster: it serves only while its replica leads.
+    pub fn with_cluster(mut self, view: ClusterView) -> Shard {
+        self.cluster = Some(view);
+        self.serving.set(false);
+        self
+    }
+
+    /// The replicated store, in a cluster.
+    pub fn replicated(&self) -> Option<&Rc<ReplicatedStore>> {
+        match &self.store {
+            ShardStore::Replicated(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn is_serving(&self) -> bool {
+        self.serving.get()
+    }
+
+    /// Refuses a request this shard cannot serve: in a cluster, unless it leads.
+    fn check_serving(&self) -> Result<(), Refused> {
+        if self.serving.get() {
+            return Ok(());
+        }
+        Err(Refused::NotLeader(self.leader_hint()))
+    }
+
+    /// Who leads this shard, as far as this node knows.
+    pub fn leader_hint(&self) -> LeaderHint {
+        let (role, _) = self
+            .replicated()
+            .map(|r| r.role())
+            .unwrap_or_default();
+        let leader = (role.leader_id != 0).then_some(role.leader_id);
+        let client = match (&self.cluster, leader) {
+            (Some(view), Some(id)) => view.client_address(id),
+            _ => None,
+        };
+        LeaderHint {
+            shard: self.id,
+            term: role.term,
+            leader,
+            client,
         }
     }
 
@@ -179,6 +237,17 @@ impl Shard {
         }
     }
 
+    /// A failed publish as the client sees it: a replica that lost its leadership (or never
+    /// had it) says who leads now.
+    fn publish_refusal(&self, failure: drive::PublishFailure) -> Refused {
+        match failure {
+            drive::PublishFailure::Store(StoreError::NotLeader { .. }) => {
+                Refused::NotLeader(self.leader_hint())
+            }
+            other => Refused::Failed(other.to_string()),
+        }
+    }
+
     /// Sends a message to another shard, waiting while its channel is full.
     async fn send_to(&self, shard: usize, msg: ShardMsg) -> Result<(), String> {
         let peer = self
@@ -196,7 +265,7 @@ impl Shard {
         self: &Rc<Self>,
         owner: usize,
         make: impl FnOnce(Reply<T>) -> Request,
-    ) -> Result<T, String> {
+    ) -> Result<T, Refused> {
         let (tx, rx) = oneshot::channel();
         let request = make(tx);
         if owner == self.id {
@@ -205,7 +274,7 @@ impl Shard {
             self.send_to(owner, ShardMsg::Request(request)).await?;
         }
         rx.await
-            .map_err(|_| format!("shard {owner} dropped the request"))?
+            .map_err(|_| Refused::Failed(format!("shard {owner} dropped the request")))?
     }
 
     /// Sends a request that needs no reply.
@@ -219,13 +288,17 @@ impl Shard {
 
     /// Handles a request on its owning shard.
     pub async fn handle(self: &Rc<Self>, request: Request) {
+        let request = match self.refuse_if_not_serving(request) {
+            Some(request) => request,
+            None => return,
+        };
         match request {
             Request::Publish { batch, reply } => {
                 if self.draining.get() {
-                    let _ = reply.send(Err(format!(
+                    let _ = reply.send(Err(Refused::Failed(format!(
                         "shard {} is shutting down: nothing was stored, publish again once the broker is back",
                         self.id
-                    )));
+                    ))));
                     return;
                 }
                 let in_progress = InProgress::enter(&self.publishing);
@@ -240,7 +313,7 @@ impl Shard {
                     self.recorder.borrow_mut().publish_latency.record(us);
                 }
                 self.dispatcher.kick();
-                let _ = reply.send(result.map_err(|e| e.to_string()));
+                let _ = reply.send(result.map_err(|e| self.publish_refusal(e)));
             }
             Request::Subscribe {
                 topic,
@@ -260,7 +333,7 @@ impl Shard {
                         .insert(consumer, Route { sink, credit });
                 }
                 self.dispatcher.kick();
-                let _ = reply.send(result.map_err(|e| e.to_string()));
+                let _ = reply.send(result.map_err(|e| Refused::Failed(e.to_string())));
             }
             Request::Unsubscribe { consumer } => {
                 self.routes.borrow_mut().remove(&consumer);
@@ -287,7 +360,7 @@ impl Shard {
                 };
                 self.dispatcher.kick();
                 self.deleter.kick();
-                let _ = reply.send(result.map_err(|e| e.to_string()));
+                let _ = reply.send(result.map_err(|e| Refused::Failed(e.to_string())));
             }
             Request::Stats { reply } => {
                 let _ = reply.send(Ok(self.core.borrow().stats()));
@@ -302,9 +375,26 @@ impl Shard {
                     .borrow_mut()
                     .forget_group(now_ms(), &topic, &group);
                 self.deleter.kick();
-                let _ = reply.send(result.map_err(|e| e.to_string()));
+                let _ = reply.send(result.map_err(|e| Refused::Failed(e.to_string())));
             }
         }
+    }
+
+    /// Answers a request that needs a serving shard with `NotLeader` when this one does not
+    /// serve; returns the request otherwise.
+    fn refuse_if_not_serving(&self, request: Request) -> Option<Request> {
+        let Err(refused) = self.check_serving() else {
+            return Some(request);
+        };
+        match request {
+            Request::Publish { reply, .. } => drop(reply.send(Err(refused))),
+            Request::Subscribe { reply, .. } => drop(reply.send(Err(refused))),
+            Request::Settle { reply, .. } => drop(reply.send(Err(refused))),
+            Request::ForgetGroup { reply, .. } => drop(reply.send(Err(refused))),
+            Request::Unsubscribe { .. } => {}
+            other @ Request::Stats { .. } => return Some(other),
+        }
+        None
     }
 
     /// Handles a message from another shard.
@@ -316,6 +406,116 @@ impl Shard {
             }
             ShardMsg::Deliver { sink, deliveries } => self.deliver_local(sink, deliveries),
             ShardMsg::Credit { consumer, n } => self.add_credit(consumer, n).await,
+            ShardMsg::CloseSink { sink } => self.close_sink(sink),
+            ShardMsg::RaftIn(messages) => {
+                if let Some(store) = self.replicated() {
+                    for message in messages {
+                        store.step(message);
+                    }
+                }
+            }
+            ShardMsg::RaftOut { shard, messages } => self.send_to_peers(shard, messages),
+        }
+    }
+
+    // ---- cluster -------------------------------------------------------------------------
+
+    /// Shard 0: hands another shard's (or its own) Raft messages to the transport.
+    fn send_to_peers(&self, shard: usize, messages: Vec<raft::eraftpb::Message>) {
+        if let Some(transport) = self.transport.borrow().as_ref() {
+            for message in messages {
+                transport.send(message.to, shard as u32, message);
+            }
+        }
+    }
+
+    /// Shard 0: a Raft message from a peer node for replica `shard` of this node. Never waits:
+    /// a full channel drops it (Raft retransmits).
+    pub fn route_from_peer(&self, shard: usize, message: raft::eraftpb::Message) {
+        if shard == self.id {
+            if let Some(store) = self.replicated() {
+                store.step(message);
+            }
+            return;
+        }
+        if let Some(Some(peer)) = self.peers.get(shard) {
+            let _ = peer.try_send(ShardMsg::RaftIn(vec![message]));
+        }
+    }
+
+    /// Carries this replica's outgoing Raft messages to the transport (on shard 0, through the
+    /// mesh from any other shard, never waiting: a full channel drops them).
+    pub async fn raft_out_loop(self: Rc<Self>, outbox: LocalReceiver<Vec<raft::eraftpb::Message>>) {
+        while let Some(messages) = outbox.recv().await {
+            if self.id == 0 {
+                self.send_to_peers(0, messages);
+            } else if let Some(Some(peer)) = self.peers.get(0) {
+                let _ = peer.try_send(ShardMsg::RaftOut {
+                    shard: self.id,
+                    messages,
+                });
+            }
+        }
+    }
+
+    /// Follows the replica's role: a replica that starts serving gets a fresh pipeline (its
+    /// event ids from the applied log, an empty in-flight table: what was in flight under the
+    /// old leader is delivered again, at-least-once); one that stops serving drops its
+    /// pipeline and ends its consumers' streams, so their clients subscribe on the new leader.
+    pub async fn role_loop(self: Rc<Self>) {
+        let Some(store) = self.replicated().cloned() else {
+            return;
+        };
+        loop {
+            let (role, serving) = store.role();
+            if let Some(view) = &self.cluster {
+                view.set_shard(self.id, store.status());
+            }
+            if serving != self.serving.get() {
+                self.reset_pipeline();
+                self.serving.set(serving);
+                tracing::info!(
+                    shard = self.id,
+                    term = role.term,
+                    leader = role.leader_id,
+                    serving,
+                    "shard {} this node",
+                    if serving { "is now served by" } else { "is no longer served by" }
+                );
+                self.dispatcher.kick();
+                self.deleter.kick();
+            }
+            if self.draining.get() {
+                return;
+            }
+            futures_lite::future::or(store.role_changed(), async {
+                glommio::timer::sleep(Duration::from_secs(1)).await;
+            })
+            .await;
+        }
+    }
+
+    /// A fresh pipeline core over the store's applied state; every consumer's stream ends.
+    fn reset_pipeline(&self) {
+        let routes: Vec<Route> = self.routes.borrow_mut().drain().map(|(_, r)| r).collect();
+        for route in routes {
+            if route.sink.shard == self.id {
+                self.close_sink(route.sink.sink);
+            } else if let Some(Some(peer)) = self.peers.get(route.sink.shard) {
+                let _ = peer.try_send(ShardMsg::CloseSink {
+                    sink: route.sink.sink,
+                });
+            }
+        }
+        let mut core = ShardCore::new(self.delivery.clone(), now_ms());
+        core.recover_event_ids(crate::storage::Store::event_id_high_water(&self.store));
+        *self.core.borrow_mut() = core;
+    }
+
+    /// Waits while this shard does not serve (a follower's loops idle).
+    async fn wait_until_serving(&self) {
+        while !self.serving.get() && !self.draining.get() {
+            glommio::timer::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -421,6 +621,10 @@ impl Shard {
     pub async fn dispatch_loop(self: Rc<Self>, kicks: LocalReceiver<()>) {
         let _running = InProgress::enter(&self.loops_running);
         while !self.draining.get() {
+            if !self.serving.get() {
+                self.wait_until_serving().await;
+                continue;
+            }
             let now = now_ms();
             let started = Instant::now();
             let productive = match drive::dispatch_pass(&self.core, &self.store, now).await {
@@ -468,6 +672,10 @@ impl Shard {
         let _running = InProgress::enter(&self.loops_running);
         let interval_ms = self.delivery.delete_batch_interval_ms;
         while !self.draining.get() {
+            if !self.serving.get() {
+                self.wait_until_serving().await;
+                continue;
+            }
             let now = now_ms();
             let batches = drive::take_delete_batches(&self.core, now, false, usize::MAX);
             for batch in batches {
@@ -532,6 +740,9 @@ impl Shard {
             glommio::timer::sleep(Duration::from_millis(sleep_ms)).await;
             if self.draining.get() {
                 return;
+            }
+            if !self.serving.get() {
+                continue;
             }
             let swept = drive::sweep(&self.core, &self.store, now_ms(), || {
                 glommio::yield_if_needed()

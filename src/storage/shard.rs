@@ -18,11 +18,14 @@ use crate::log::Command;
 use crate::message::Value;
 use crate::metrics::StorageFigures;
 use crate::storage::{LsmOptions, LsmStore};
+use crate::cluster::driver::{DriverConfig, ReplicatedStore};
 use crate::storage::{MemStore, Store, StoreError, Sync};
 
 pub enum ShardStore {
     Memory(MemStore),
     Lsm(LsmStore),
+    /// Clustered: the shard's Raft log in front of the LSM engine (`crate::cluster::driver`).
+    Replicated(std::rc::Rc<ReplicatedStore>),
 }
 
 /// The directory of shard `shard_id` under `server.dataDir`.
@@ -76,11 +79,40 @@ impl ShardStore {
         }
     }
 
+    /// Opens shard `shard_id`'s replicated store (clustered mode: always the LSM engine) and
+    /// starts its Raft driver; its messages for peers go to `outbox`. Must run on the shard's
+    /// executor.
+    pub async fn open_replicated(
+        storage: &StorageConfig,
+        data_dir: &Path,
+        shard_id: usize,
+        config: DriverConfig,
+        outbox: glommio::channels::local_channel::LocalSender<Vec<raft::eraftpb::Message>>,
+    ) -> Result<ShardStore, StoreError> {
+        let dir = shard_dir(data_dir, shard_id);
+        let store = std::rc::Rc::new(
+            ReplicatedStore::open(&dir, lsm_options(storage), config, outbox).await?,
+        );
+        store.start()?;
+        let status = store.status();
+        tracing::info!(
+            shard = shard_id,
+            dir = %dir.display(),
+            first_index = status.first_index,
+            last_index = status.last_index,
+            commit = status.commit,
+            applied = status.applied,
+            "replicated storage opened"
+        );
+        Ok(ShardStore::Replicated(store))
+    }
+
     /// The engine's figures for the metrics endpoint; `None` when it keeps none (memory).
     pub fn storage_figures(&self) -> Option<StorageFigures> {
         match self {
             ShardStore::Memory(_) => None,
             ShardStore::Lsm(s) => Some(StorageFigures::from(&s.stats())),
+            ShardStore::Replicated(s) => Some(StorageFigures::from(&s.stats())),
         }
     }
 
@@ -89,6 +121,7 @@ impl ShardStore {
         match self {
             ShardStore::Memory(_) => Ok(()),
             ShardStore::Lsm(s) => s.close().await,
+            ShardStore::Replicated(s) => s.close().await,
         }
     }
 }
@@ -98,6 +131,7 @@ impl Store for ShardStore {
         match self {
             ShardStore::Memory(s) => s.commit(command, sync).await,
             ShardStore::Lsm(s) => s.commit(command, sync).await,
+            ShardStore::Replicated(s) => s.commit(command, sync).await,
         }
     }
 
@@ -105,6 +139,7 @@ impl Store for ShardStore {
         match self {
             ShardStore::Memory(s) => s.event_id_high_water(),
             ShardStore::Lsm(s) => s.event_id_high_water(),
+            ShardStore::Replicated(s) => s.event_id_high_water(),
         }
     }
 
@@ -117,6 +152,7 @@ impl Store for ShardStore {
         match self {
             ShardStore::Memory(s) => s.scan(start, end, limit).await,
             ShardStore::Lsm(s) => s.scan(start, end, limit).await,
+            ShardStore::Replicated(s) => s.scan(start, end, limit).await,
         }
     }
 
@@ -124,6 +160,7 @@ impl Store for ShardStore {
         match self {
             ShardStore::Memory(s) => s.first_key(start, end).await,
             ShardStore::Lsm(s) => s.first_key(start, end).await,
+            ShardStore::Replicated(s) => s.first_key(start, end).await,
         }
     }
 
@@ -131,6 +168,7 @@ impl Store for ShardStore {
         match self {
             ShardStore::Memory(s) => s.get(key).await,
             ShardStore::Lsm(s) => s.get(key).await,
+            ShardStore::Replicated(s) => s.get(key).await,
         }
     }
 }

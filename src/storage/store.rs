@@ -102,6 +102,9 @@ pub enum StoreError {
     /// not be stored: retry on the new leader (at-least-once).
     #[error("leadership changed before the command committed: it may or may not be stored")]
     LeadershipLost,
+    /// Clustered: a command larger than one Raft entry may carry. Nothing was written.
+    #[error("a command of {bytes} bytes exceeds what one raft entry may carry ({max} bytes, from cluster.maxFrameBytes): publish smaller batches")]
+    TooLarge { bytes: usize, max: usize },
 }
 
 impl StoreError {
@@ -111,7 +114,10 @@ impl StoreError {
     pub fn is_fatal(&self) -> bool {
         !matches!(
             self,
-            StoreError::Closed | StoreError::NotLeader { .. } | StoreError::LeadershipLost
+            StoreError::Closed
+                | StoreError::NotLeader { .. }
+                | StoreError::LeadershipLost
+                | StoreError::TooLarge { .. }
         )
     }
 
@@ -140,6 +146,10 @@ impl StoreError {
             StoreError::Closed => StoreError::Closed,
             StoreError::NotLeader { leader } => StoreError::NotLeader { leader: *leader },
             StoreError::LeadershipLost => StoreError::LeadershipLost,
+            StoreError::TooLarge { bytes, max } => StoreError::TooLarge {
+                bytes: *bytes,
+                max: *max,
+            },
         }
     }
 }

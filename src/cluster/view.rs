@@ -1,0 +1,97 @@
+//! [`ClusterView`]: what every shard of a node knows about the cluster — each shard's leader and
+//! term, and each node's client address — for `topology()`, notLeader hints, `/healthz` and
+//! `pinq cluster status`.
+//!
+//! Shards write their own entry when their role changes (and their figures once a second);
+//! shard 0, which runs the transport, writes the peers' addresses and reachability. Readers take
+//! a copy. The one lock is held for a copy or one small write, never across an await.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use super::replica::ReplicaStatus;
+
+/// One peer node as the transport sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeView {
+    pub id: u64,
+    pub raft: String,
+    /// Its client address, from its handshake (this node's own: `cluster.advertise`).
+    pub client: Option<String>,
+    pub reachable: bool,
+}
+
+/// One shard's replica on this node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardView {
+    pub status: ReplicaStatus,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    nodes: BTreeMap<u64, NodeView>,
+    shards: Vec<ShardView>,
+}
+
+/// Shared by every shard of a node. See the module docs.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterView {
+    node_id: u64,
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl ClusterView {
+    pub fn new(node_id: u64, nodes: Vec<NodeView>, shard_count: usize) -> ClusterView {
+        let inner = Inner {
+            nodes: nodes.into_iter().map(|n| (n.id, n)).collect(),
+            shards: vec![ShardView::default(); shard_count],
+        };
+        ClusterView {
+            node_id,
+            inner: Arc::new(Mutex::new(inner)),
+        }
+    }
+
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Option<T> {
+        self.inner.lock().ok().map(|mut inner| f(&mut inner))
+    }
+
+    pub fn set_shard(&self, shard: usize, status: ReplicaStatus) {
+        self.with(|inner| {
+            if let Some(view) = inner.shards.get_mut(shard) {
+                view.status = status;
+            }
+        });
+    }
+
+    /// Updates what the transport knows of a peer (its client address, reachability).
+    pub fn set_node(&self, node: NodeView) {
+        self.with(|inner| {
+            inner.nodes.insert(node.id, node);
+        });
+    }
+
+    pub fn client_address(&self, node: u64) -> Option<String> {
+        self.with(|inner| inner.nodes.get(&node).and_then(|n| n.client.clone()))
+            .flatten()
+    }
+
+    pub fn nodes(&self) -> Vec<NodeView> {
+        self.with(|inner| inner.nodes.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn shards(&self) -> Vec<ShardView> {
+        self.with(|inner| inner.shards.clone()).unwrap_or_default()
+    }
+
+    /// Whether this node serves as the leader of at least one shard (for `/healthz`).
+    pub fn leads_any(&self) -> bool {
+        self.with(|inner| inner.shards.iter().any(|s| s.status.serving))
+            .unwrap_or(false)
+    }
+}
