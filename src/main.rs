@@ -18,7 +18,11 @@ fn main() -> ExitCode {
     // warnings and errors unless RUST_LOG asks for more.
     let quiet = matches!(
         cli.command,
-        Command::Publish(_) | Command::Consume(_) | Command::Stats(_) | Command::Topology(_)
+        Command::Publish(_)
+            | Command::Consume(_)
+            | Command::Stats(_)
+            | Command::Topology(_)
+            | Command::Cluster(_)
     );
     init_logging(if quiet { "warn" } else { "info" });
     let outcome = match cli.command {
@@ -27,6 +31,7 @@ fn main() -> ExitCode {
         Command::Consume(args) => cli::client_cmds::consume(args),
         Command::Stats(args) => cli::client_cmds::stats(args),
         Command::Topology(args) => cli::client_cmds::topology(args),
+        Command::Cluster(command) => cli::cluster_cmds::run(command),
         Command::Bench(args) => bench(&args),
         // Doctor's exit status is its verdict, not an error.
         Command::Doctor(args) => {

@@ -18,7 +18,9 @@ use clap::{Args, ValueEnum};
 use glommio::{LocalExecutorBuilder, Placement};
 
 use super::UsageError;
-use crate::client::Client;
+use std::rc::Rc;
+
+use crate::client::{Client, ClientError, Router, RouterOptions};
 use crate::config::AckLevel;
 use crate::rpc::PublishMessage;
 
@@ -101,7 +103,7 @@ fn ms(d: Option<Duration>) -> i64 {
 }
 
 /// Runs a client future on a one-off glommio executor.
-fn block_on<T: Send + 'static>(
+pub(crate) fn block_on<T: Send + 'static>(
     name: &str,
     f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<T>>>>
         + Send
@@ -119,16 +121,19 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
     crate::key::validate_topic(&args.topic).map_err(|e| UsageError(format!("--topic: {e}")))?;
     block_on("pinq-publish", move || {
         Box::pin(async move {
-            let client = Client::connect(args.server.as_str())
-                .await
-                .with_context(|| format!("connecting to {}", args.server))?;
+            // Follows the topic's leader in a cluster (and across a failover); one connection
+            // to a standalone broker.
+            let router = Rc::new(
+                Router::connect(args.server.as_str(), RouterOptions::default())
+                    .await
+                    .with_context(|| format!("connecting to {}", args.server))?,
+            );
             let make = |payload: Vec<u8>| PublishMessage {
                 delay_ms: ms(args.delay) as u64,
                 ttl_ms: ms(args.ttl) as u64,
                 ..PublishMessage::new(args.topic.clone(), payload)
             };
-            let mut publisher =
-                crate::client::Publisher::new(&client, args.ack.into(), PUBLISH_WINDOW);
+            let mut window = PublishWindow::new(router, args.ack.into());
             let mut sent = 0usize;
             if args.messages.is_empty() {
                 let stdin = std::io::stdin();
@@ -138,15 +143,12 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
                     batch.push(make(line.into_bytes()));
                     if batch.len() == STDIN_BATCH_LEN {
                         sent += batch.len();
-                        publisher
-                            .send(std::mem::take(&mut batch))
-                            .await
-                            .context("publishing")?;
+                        window.send(std::mem::take(&mut batch)).await?;
                     }
                 }
                 if !batch.is_empty() {
                     sent += batch.len();
-                    publisher.send(batch).await.context("publishing")?;
+                    window.send(batch).await?;
                 }
             } else {
                 let batch: Vec<PublishMessage> = args
@@ -155,13 +157,60 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
                     .map(|m| make(m.clone().into_bytes()))
                     .collect();
                 sent += batch.len();
-                publisher.send(batch).await.context("publishing")?;
+                window.send(batch).await?;
             }
-            publisher.flush().await.context("publishing")?;
+            window.flush().await?;
             tracing::info!(messages = sent, topic = %args.topic, "published");
             Ok(())
         })
     })
+}
+
+/// Up to [`PUBLISH_WINDOW`] batches in flight through a [`Router`], answered in order.
+struct PublishWindow {
+    router: Rc<Router>,
+    ack: AckLevel,
+    in_flight: std::collections::VecDeque<glommio::task::JoinHandle<Result<(), ClientError>>>,
+}
+
+impl PublishWindow {
+    fn new(router: Rc<Router>, ack: AckLevel) -> PublishWindow {
+        PublishWindow {
+            router,
+            ack,
+            in_flight: std::collections::VecDeque::new(),
+        }
+    }
+
+    async fn send(&mut self, batch: Vec<PublishMessage>) -> anyhow::Result<()> {
+        if self.in_flight.len() >= PUBLISH_WINDOW {
+            self.wait_oldest().await?;
+        }
+        let router = self.router.clone();
+        let ack = self.ack;
+        let task =
+            glommio::spawn_local(async move { router.publish(&batch, ack).await.map(|_| ()) })
+                .detach();
+        self.in_flight.push_back(task);
+        Ok(())
+    }
+
+    async fn wait_oldest(&mut self) -> anyhow::Result<()> {
+        if let Some(task) = self.in_flight.pop_front() {
+            match task.await {
+                Some(result) => result.context("publishing")?,
+                None => anyhow::bail!("publishing: the publish task was cancelled"),
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> anyhow::Result<()> {
+        while !self.in_flight.is_empty() {
+            self.wait_oldest().await?;
+        }
+        Ok(())
+    }
 }
 
 pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
@@ -176,10 +225,10 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
             // Never take more than we may handle: a consumer that exits holding copies would
             // only delay them until its disconnect releases them.
             let queue_size = limit.min(1024) as u32;
-            let client = Client::connect(args.server.as_str())
+            let router = Router::connect(args.server.as_str(), RouterOptions::default())
                 .await
                 .with_context(|| format!("connecting to {}", args.server))?;
-            let subscription = client
+            let mut subscription = router
                 .subscribe(&args.topic, &args.group, queue_size)
                 .await
                 .context("subscribing")?;
@@ -203,6 +252,13 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         break;
                     }
+                    // The broker ended the subscription (its shard changed leader, or the
+                    // node went away): subscribe again, on the leader.
+                    tracing::info!(topic = %args.topic, "subscription ended; subscribing again");
+                    subscription = router
+                        .subscribe(&args.topic, &args.group, queue_size)
+                        .await
+                        .context("subscribing again")?;
                     continue;
                 }
                 let take = batch.len().min((limit - handled) as usize);
@@ -215,12 +271,20 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
                     out.flush()?;
                 }
                 let tags: Vec<_> = batch[..take].iter().map(|d| d.tag).collect();
-                if args.nack {
-                    subscription.nack(&tags, 0).await.context("nack")?;
+                let settled = if args.nack {
+                    subscription.nack(&tags, 0).await
                 } else {
-                    subscription.ack(&tags).await.context("ack")?;
+                    subscription.ack(&tags).await
+                };
+                match settled {
+                    Ok(_) => handled += take as u64,
+                    // The leader went away before the settle: these copies will be delivered
+                    // again (printed again) by the new leader; they are not counted.
+                    Err(e @ (ClientError::Disconnected(_) | ClientError::NotLeader(_))) => {
+                        tracing::info!("settle failed ({e}); subscribing again");
+                    }
+                    Err(e) => return Err(anyhow::Error::new(e).context("ack")),
                 }
-                handled += take as u64;
             }
             subscription.close().await.ok();
             Ok(())

@@ -8,6 +8,7 @@
 
 pub mod bench_args;
 pub mod client_cmds;
+pub mod cluster_cmds;
 pub mod doctor_args;
 pub mod serve_args;
 
@@ -45,6 +46,9 @@ pub enum Command {
     Stats(ServerArgs),
     /// Print the broker's shards and the port of each.
     Topology(ServerArgs),
+    /// Inspect a cluster: `pinq cluster status --server ADDR [--json]`.
+    #[command(subcommand)]
+    Cluster(cluster_cmds::ClusterCommand),
     /// Load-test a broker (one it starts, or --server): throughput, latency percentiles, and a
     /// check that every message arrived.
     Bench(BenchArgs),

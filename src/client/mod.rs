@@ -23,6 +23,7 @@
 //! Errors are a [`ClientError`]; nothing here panics on a bad reply or a lost connection.
 
 mod publisher;
+mod router;
 mod subscription;
 
 #[cfg(test)]
@@ -44,6 +45,7 @@ use futures_lite::io::{BufReader, BufWriter};
 use glommio::net::TcpStream;
 
 pub use self::publisher::Publisher;
+pub use self::router::{Router, RouterOptions};
 pub use self::subscription::Subscription;
 pub use crate::config::AckLevel;
 pub use crate::key::EventKey;
@@ -91,6 +93,10 @@ pub enum ClientError {
     /// The broker's reply does not follow the protocol.
     #[error("malformed reply from the broker: {0}")]
     BadReply(WireError),
+    /// In a cluster: the node does not lead the shard the request needs; nothing was done.
+    /// [`Router`] follows it to the leader.
+    #[error("node does not lead shard {} (leader: {})", .0.shard_id, if .0.leader_address.is_empty() { "none known yet".to_string() } else { format!("node {} at {}", .0.leader_node_id, .0.leader_address) })]
+    NotLeader(crate::rpc::cluster::NotLeader),
 }
 
 impl ClientError {
@@ -364,10 +370,14 @@ impl Client {
         let reply = request.send().promise;
         Pending::new(async move {
             let reply = reply.await.map_err(ClientError::from_rpc)?;
-            let tags = reply
-                .get()
-                .and_then(|r| r.get_tags())
-                .map_err(ClientError::bad_reply)?;
+            let results = reply.get().map_err(ClientError::bad_reply)?;
+            if let Some(not_leader) =
+                rpc::cluster::read_not_leader(results.has_not_leader(), results.get_not_leader())
+                    .map_err(ClientError::BadReply)?
+            {
+                return Err(ClientError::NotLeader(not_leader));
+            }
+            let tags = results.get_tags().map_err(ClientError::bad_reply)?;
             let tags = rpc::read_tags(tags).map_err(ClientError::BadReply)?;
             if tags.len() != count as usize {
                 return Err(ClientError::BadReply(WireError::WrongLength {
@@ -415,6 +425,19 @@ impl Client {
                 .and_then(|r| r.get_stats())
                 .map_err(ClientError::bad_reply)?;
             rpc::read_stats(stats).map_err(ClientError::BadReply)
+        })
+    }
+
+    /// In a cluster: the answering node's view of every node and shard (standalone: node id 0).
+    pub fn cluster_status(&self) -> Pending<rpc::cluster::ClusterStatus> {
+        let reply = self.conn.broker.cluster_status_request().send().promise;
+        Pending::new(async move {
+            let reply = reply.await.map_err(ClientError::from_rpc)?;
+            let status = reply
+                .get()
+                .and_then(|r| r.get_status())
+                .map_err(ClientError::bad_reply)?;
+            rpc::cluster::read_cluster_status(status).map_err(ClientError::BadReply)
         })
     }
 

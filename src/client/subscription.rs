@@ -107,6 +107,12 @@ impl Subscription {
             .await
             .map_err(ClientError::from_rpc)?;
         let reply = reply.get().map_err(ClientError::bad_reply)?;
+        if let Some(not_leader) =
+            rpc::cluster::read_not_leader(reply.has_not_leader(), reply.get_not_leader())
+                .map_err(ClientError::BadReply)?
+        {
+            return Err(ClientError::NotLeader(not_leader));
+        }
         let capability = reply.get_subscription().map_err(ClientError::bad_reply)?;
         let id_bytes = reply.get_consumer_id().map_err(ClientError::bad_reply)?;
         let consumer_id = rpc::read_consumer_id(id_bytes).map_err(ClientError::BadReply)?;

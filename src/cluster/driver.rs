@@ -38,7 +38,9 @@ use raft::eraftpb::{Entry, Message};
 
 use super::raft_log::RaftLog;
 use super::record::RaftRecord;
-use super::replica::{carries_command, quiet_logger, RecordSink, Replica, ReplicaConfig, ReplicaStatus, Role};
+use super::replica::{
+    carries_command, quiet_logger, RecordSink, Replica, ReplicaConfig, ReplicaStatus, Role,
+};
 use crate::key::Key;
 use crate::log::{recovery, Command, Wal};
 use crate::message::Value;
@@ -130,7 +132,9 @@ impl ReplicatedStore {
         let mut record_index = VecDeque::new();
         let mut log = recovery::recover_records(engine.dir(), 0, |seq, payload| {
             let record = RaftRecord::decode(payload).map_err(|e| {
-                format!("{e} (a data directory written by a standalone broker cannot join a cluster)")
+                format!(
+                    "{e} (a data directory written by a standalone broker cannot join a cluster)"
+                )
             })?;
             raft_log.apply_record(&record)?;
             record_index.push_back((seq, record.last_index()));
@@ -421,11 +425,10 @@ impl ReplicatedStore {
         if point <= base {
             return Ok(());
         }
-        let (index, term) = self
-            .replica
-            .borrow_mut()
-            .compact_to(point)
-            .map_err(|e| crate::storage::io_error(self.engine.dir(), std::io::Error::other(e)))?;
+        let (index, term) =
+            self.replica.borrow_mut().compact_to(point).map_err(|e| {
+                crate::storage::io_error(self.engine.dir(), std::io::Error::other(e))
+            })?;
         let hard_state = self.replica.borrow().log().hard_state().clone();
         let seq = self.wal.append(&RaftRecord::Checkpoint {
             index,

@@ -6,9 +6,9 @@
 //! - [`replica`]: the pure driver core (Ready → work for the shell), shared with the simulation;
 //! - `crate::storage::replicated`: the glommio shell that drives a replica on its shard's core.
 
+pub mod driver;
 pub mod raft_log;
 pub mod record;
 pub mod replica;
 pub mod transport;
-pub mod driver;
 pub mod view;

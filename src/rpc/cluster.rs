@@ -45,7 +45,10 @@ pub fn read_not_leader(
         shard_id: r.get_shard_id(),
         term: r.get_term(),
         leader_node_id: r.get_leader_node_id(),
-        leader_address: text(r.get_leader_address(), Field::top("notLeader.leaderAddress"))?,
+        leader_address: text(
+            r.get_leader_address(),
+            Field::top("notLeader.leaderAddress"),
+        )?,
     }))
 }
 

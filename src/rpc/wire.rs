@@ -755,8 +755,11 @@ pub fn read_topology(
                 cpu: s.get_cpu(),
                 leader_node_id: s.get_leader_node_id(),
                 term: s.get_term(),
-                leader_address: text(s.get_leader_address()?, Field::at("shards", i, "leaderAddress"))?
-                    .to_owned(),
+                leader_address: text(
+                    s.get_leader_address()?,
+                    Field::at("shards", i, "leaderAddress"),
+                )?
+                .to_owned(),
             })
         })
         .collect()

@@ -103,7 +103,9 @@ pub enum ShardMsg {
     },
     /// The owner stopped serving the consumer behind this sink (it lost leadership): end the
     /// subscription's stream so the client subscribes again, on the new leader.
-    CloseSink { sink: u64 },
+    CloseSink {
+        sink: u64,
+    },
     /// Raft messages from a peer node for the receiving shard's replica (from shard 0, which
     /// runs the node's transport).
     RaftIn(Vec<raft::eraftpb::Message>),

@@ -31,12 +31,12 @@ use crate::cluster::replica::ReplicaConfig;
 use crate::cluster::transport::Transport;
 use crate::cluster::view::{ClusterView, NodeView};
 use crate::config::{ClusterConfig, Config, PublishConfig, StorageEngine};
-use glommio::channels::local_channel::{self, LocalReceiver};
 use crate::metrics::http::MetricsEndpoint;
 use crate::metrics::MetricsSlots;
 use crate::pipeline::{drive, ShardCore};
 use crate::rpc::ShardInfo;
 use crate::storage::ShardStore;
+use glommio::channels::local_channel::{self, LocalReceiver};
 
 /// Messages a cross-shard channel holds before its sender waits.
 pub const MESH_CHANNEL_LEN: usize = 1024;
@@ -368,12 +368,20 @@ async fn open_store(
 > {
     let data_dir = &config.server.data_dir;
     let Some(cluster) = &config.cluster else {
-        return Ok((ShardStore::open(&config.storage, data_dir, shard_id).await?, None));
+        return Ok((
+            ShardStore::open(&config.storage, data_dir, shard_id).await?,
+            None,
+        ));
     };
     let (tx, rx) = local_channel::new_bounded(OUTBOX_MESSAGES_MAX);
-    let store =
-        ShardStore::open_replicated(&config.storage, data_dir, shard_id, driver_config(cluster), tx)
-            .await?;
+    let store = ShardStore::open_replicated(
+        &config.storage,
+        data_dir,
+        shard_id,
+        driver_config(cluster),
+        tx,
+    )
+    .await?;
     Ok((store, Some(rx)))
 }
 
@@ -421,8 +429,12 @@ fn start_cluster(
                 shard.route_from_peer(to_shard as usize, message);
             }
         });
-    let transport = Transport::start(cluster, shard.count as u32, inbound)
-        .map_err(|e| format!("cannot start the cluster transport on {}: {e}", cluster.raft_listen))?;
+    let transport = Transport::start(cluster, shard.count as u32, inbound).map_err(|e| {
+        format!(
+            "cannot start the cluster transport on {}: {e}",
+            cluster.raft_listen
+        )
+    })?;
     *shard.transport.borrow_mut() = Some(transport.clone());
     if let Some(view) = shard.cluster.clone() {
         glommio::spawn_local(async move {

@@ -34,11 +34,11 @@ use glommio::channels::shared_channel::ConnectedSender;
 
 use super::mesh::{LeaderHint, Refused, Reply, Request, SettleOp, ShardMsg, SinkAddr};
 use super::shutdown::ShutdownFlag;
+use crate::cluster::driver::ReplicatedStore;
+use crate::cluster::view::ClusterView;
 use crate::config::DeliveryConfig;
 use crate::metrics::{MetricsSlots, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
 use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
-use crate::cluster::driver::ReplicatedStore;
-use crate::cluster::view::ClusterView;
 use crate::storage::{ShardStore, StoreError};
 
 /// Wall-clock milliseconds; the core clamps them so shard time never goes back.
@@ -203,10 +203,7 @@ impl Shard {
 
     /// Who leads this shard, as far as this node knows.
     pub fn leader_hint(&self) -> LeaderHint {
-        let (role, _) = self
-            .replicated()
-            .map(|r| r.role())
-            .unwrap_or_default();
+        let (role, _) = self.replicated().map(|r| r.role()).unwrap_or_default();
         let leader = (role.leader_id != 0).then_some(role.leader_id);
         let client = match (&self.cluster, leader) {
             (Some(view), Some(id)) => view.client_address(id),
@@ -480,7 +477,11 @@ impl Shard {
                     leader = role.leader_id,
                     serving,
                     "shard {} this node",
-                    if serving { "is now served by" } else { "is no longer served by" }
+                    if serving {
+                        "is now served by"
+                    } else {
+                        "is no longer served by"
+                    }
                 );
                 self.dispatcher.kick();
                 self.deleter.kick();

@@ -12,13 +12,13 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::cluster::driver::{DriverConfig, ReplicatedStore};
 use crate::config::{StorageConfig, StorageEngine};
 use crate::key::Key;
 use crate::log::Command;
 use crate::message::Value;
 use crate::metrics::StorageFigures;
 use crate::storage::{LsmOptions, LsmStore};
-use crate::cluster::driver::{DriverConfig, ReplicatedStore};
 use crate::storage::{MemStore, Store, StoreError, Sync};
 
 pub enum ShardStore {

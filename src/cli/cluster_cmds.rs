@@ -1,0 +1,184 @@
+//! `pinq cluster status --server ADDR [--json]`: every node and every shard's Raft group.
+//!
+//! The node at ADDR names the members and the leader of each shard; each shard's figures
+//! (term, commit and applied index, each follower's match index) are then read from that
+//! shard's leader, which is the only node that knows its followers' progress. With `--json`
+//! one object is printed (scripts depend on this form):
+//! `{"nodes":[{"id":1,"raft":"…","client":"…","reachable":true}],"shards":[{"shard":0,"leader":1,"term":3,"commit":120,"applied":120,"followers":[{"id":2,"match":120}]}]}`.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use crate::client::{Client, ClientOptions};
+use crate::rpc::cluster::{ClusterStatus, ShardReplica};
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Print every node (id, Raft and client address, reachable) and every shard (leader,
+    /// term, commit and applied index, each follower's match index and lag).
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Any node of the cluster, e.g. 127.0.0.1:7400.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    pub server: String,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct NodeJson {
+    id: u64,
+    raft: String,
+    client: String,
+    reachable: bool,
+}
+
+#[derive(Serialize)]
+struct FollowerJson {
+    id: u64,
+    #[serde(rename = "match")]
+    matched: u64,
+    lag: u64,
+}
+
+#[derive(Serialize)]
+struct ShardJson {
+    shard: u32,
+    leader: u64,
+    term: u64,
+    commit: u64,
+    applied: u64,
+    followers: Vec<FollowerJson>,
+}
+
+#[derive(Serialize)]
+struct StatusJson {
+    nodes: Vec<NodeJson>,
+    shards: Vec<ShardJson>,
+}
+
+pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
+    match command {
+        ClusterCommand::Status(args) => status(args),
+    }
+}
+
+fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let report = super::client_cmds::block_on("pinq-cluster", move || {
+        Box::pin(async move { gather(&args.server).await.map(|r| (r, args.json)) })
+    })?;
+    let (report, json) = report;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+/// Asks `server`, then each shard's leader, as the module docs say.
+async fn gather(server: &str) -> anyhow::Result<StatusJson> {
+    let options = ClientOptions {
+        connect_timeout: std::time::Duration::from_secs(2),
+        ..ClientOptions::default()
+    };
+    let client = Client::connect_with(server, &options)
+        .await
+        .with_context(|| format!("connecting to {server}"))?;
+    let status = client.cluster_status().await.context("clusterStatus")?;
+    anyhow::ensure!(
+        status.node_id != 0,
+        "{server} is a standalone broker (no [cluster] configured)"
+    );
+    let mut shards = Vec::with_capacity(status.shards.len());
+    for shard in &status.shards {
+        let from_leader = leader_view(&status, shard, &options).await;
+        shards.push(shard_json(from_leader.as_ref().unwrap_or(shard)));
+    }
+    let nodes = status
+        .nodes
+        .iter()
+        .map(|n| NodeJson {
+            id: n.id,
+            raft: n.raft_address.clone(),
+            client: n.client_address.clone(),
+            reachable: n.reachable,
+        })
+        .collect();
+    Ok(StatusJson { nodes, shards })
+}
+
+/// The shard as its leader sees it (with the followers' progress), if the leader answers.
+async fn leader_view(
+    status: &ClusterStatus,
+    shard: &ShardReplica,
+    options: &ClientOptions,
+) -> Option<ShardReplica> {
+    if shard.leader_node_id == 0 || shard.leader_node_id == status.node_id {
+        return None;
+    }
+    let node = status.nodes.iter().find(|n| n.id == shard.leader_node_id)?;
+    let client = Client::connect_with(node.client_address.as_str(), options)
+        .await
+        .ok()?;
+    let theirs = client.cluster_status().await.ok()?;
+    theirs
+        .shards
+        .into_iter()
+        .find(|s| s.shard_id == shard.shard_id)
+}
+
+fn shard_json(s: &ShardReplica) -> ShardJson {
+    ShardJson {
+        shard: s.shard_id,
+        leader: s.leader_node_id,
+        term: s.term,
+        commit: s.commit_index,
+        applied: s.applied_index,
+        followers: s
+            .followers
+            .iter()
+            .map(|f| FollowerJson {
+                id: f.node_id,
+                matched: f.match_index,
+                lag: s.commit_index.saturating_sub(f.match_index),
+            })
+            .collect(),
+    }
+}
+
+fn print_table(report: &StatusJson) {
+    println!("{:>4}  {:<22} {:<22} reachable", "node", "raft", "client");
+    for n in &report.nodes {
+        println!(
+            "{:>4}  {:<22} {:<22} {}",
+            n.id, n.raft, n.client, n.reachable
+        );
+    }
+    println!();
+    println!(
+        "{:>5} {:>6} {:>6} {:>10} {:>10}  followers (id:match/lag)",
+        "shard", "leader", "term", "commit", "applied"
+    );
+    for s in &report.shards {
+        let followers: Vec<String> = s
+            .followers
+            .iter()
+            .map(|f| format!("{}:{}/{}", f.id, f.matched, f.lag))
+            .collect();
+        println!(
+            "{:>5} {:>6} {:>6} {:>10} {:>10}  {}",
+            s.shard,
+            s.leader,
+            s.term,
+            s.commit,
+            s.applied,
+            followers.join(" ")
+        );
+    }
+}

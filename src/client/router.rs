@@ -1,0 +1,234 @@
+//! [`Router`]: a client that sends each shard's requests to that shard's leader, and follows
+//! the leader across a failover.
+//!
+//! Against a standalone broker it is one connection. Against a cluster it starts from any node
+//! (the seed), learns every member's client address (`clusterStatus`) and each shard's leader
+//! (`topology`), and keeps one connection per node it talks to. A request that meets a
+//! follower (`NotLeader`) goes to the leader named in the answer; one that meets a dead or
+//! paused node (the connection drops, or no answer within `request_timeout`) is tried on the
+//! other members until one answers as the leader, for at most `patience`. Retrying a publish
+//! whose answer was lost may store it twice: at-least-once.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use ahash::AHashMap;
+
+use super::{Client, ClientError, ClientOptions, Subscription};
+use crate::config::AckLevel;
+use crate::key::{EventKey, TopicHash};
+use crate::rpc::PublishMessage;
+
+/// How long a [`Router`] keeps trying, and how long one try may take.
+#[derive(Clone, Debug)]
+pub struct RouterOptions {
+    pub client: ClientOptions,
+    /// Longest a request keeps being retried across nodes before its error is returned.
+    pub patience: Duration,
+    /// Longest one try may wait for its answer (a paused node answers nothing).
+    pub request_timeout: Duration,
+}
+
+impl Default for RouterOptions {
+    fn default() -> RouterOptions {
+        RouterOptions {
+            client: ClientOptions {
+                connect_timeout: Duration::from_secs(2),
+                ..ClientOptions::default()
+            },
+            patience: Duration::from_secs(20),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// See the module docs.
+pub struct Router {
+    options: RouterOptions,
+    /// Client addresses of the members (the seed first).
+    members: RefCell<Vec<String>>,
+    conns: RefCell<AHashMap<String, Client>>,
+    /// The leader's client address by shard, as last learned.
+    leaders: RefCell<AHashMap<u32, String>>,
+    shard_count: u32,
+}
+
+impl Router {
+    /// Connects to `seed` (any node of a cluster, or a standalone broker) and learns the
+    /// cluster's members and leaders.
+    pub async fn connect(seed: &str, options: RouterOptions) -> Result<Router, ClientError> {
+        let client = Client::connect_with(seed, &options.client).await?;
+        let router = Router {
+            shard_count: client.server().shard_count.max(1),
+            options,
+            members: RefCell::new(vec![seed.to_owned()]),
+            conns: RefCell::new(AHashMap::new()),
+            leaders: RefCell::new(AHashMap::new()),
+        };
+        router.learn(&client).await;
+        router.conns.borrow_mut().insert(seed.to_owned(), client);
+        Ok(router)
+    }
+
+    /// The shard that owns `topic`.
+    pub fn shard_of(&self, topic: &str) -> u32 {
+        TopicHash::of(topic).shard(self.shard_count as usize) as u32
+    }
+
+    /// Learns the members' addresses and the shards' leaders from `client`'s node.
+    async fn learn(&self, client: &Client) {
+        if let Ok(status) = client.cluster_status().await {
+            let mut members = self.members.borrow_mut();
+            for node in status.nodes {
+                if !node.client_address.is_empty() && !members.contains(&node.client_address) {
+                    members.push(node.client_address);
+                }
+            }
+        }
+        if let Ok(shards) = client.topology().await {
+            let mut leaders = self.leaders.borrow_mut();
+            for shard in shards {
+                if !shard.leader_address.is_empty() {
+                    leaders.insert(shard.shard_id, shard.leader_address);
+                }
+            }
+        }
+    }
+
+    async fn client_at(&self, addr: &str) -> Result<Client, ClientError> {
+        if let Some(client) = self.conns.borrow().get(addr) {
+            return Ok(client.clone());
+        }
+        let client = Client::connect_with(addr, &self.options.client).await?;
+        self.conns
+            .borrow_mut()
+            .insert(addr.to_owned(), client.clone());
+        Ok(client)
+    }
+
+    /// Where to send a request for `shard` on try number `attempt`: its leader when known,
+    /// otherwise the members in turn.
+    fn address_for(&self, shard: u32, attempt: usize) -> String {
+        if let Some(addr) = self.leaders.borrow().get(&shard) {
+            return addr.clone();
+        }
+        let members = self.members.borrow();
+        members[attempt % members.len()].clone()
+    }
+
+    /// A connection to the node that leads `shard` (as far as is known now).
+    pub async fn client_for(&self, shard: u32) -> Result<Client, ClientError> {
+        self.retry(shard, |client| async move { Ok(client) }).await
+    }
+
+    /// Publishes a batch to its shard's leader (all messages of a batch must belong to one
+    /// shard's topics when the shards have different leaders).
+    pub async fn publish(
+        &self,
+        messages: &[PublishMessage],
+        ack: AckLevel,
+    ) -> Result<Vec<EventKey>, ClientError> {
+        let Some(first) = messages.first() else {
+            return Ok(Vec::new());
+        };
+        let shard = self.shard_of(&first.topic);
+        self.retry(shard, |client| client.publish(messages, ack))
+            .await
+    }
+
+    /// Subscribes on the leader of the topic's shard. When the subscription ends (its leader
+    /// changed), subscribe again.
+    pub async fn subscribe(
+        &self,
+        topic: &str,
+        group: &str,
+        queue_size: u32,
+    ) -> Result<Subscription, ClientError> {
+        let shard = self.shard_of(topic);
+        self.retry(shard, |client| async move {
+            client.subscribe(topic, group, queue_size).await
+        })
+        .await
+    }
+
+    /// Runs `call` against `shard`'s leader, following `NotLeader` answers and skipping dead
+    /// or paused nodes, for at most `patience`.
+    async fn retry<T, F, Fut>(&self, shard: u32, call: F) -> Result<T, ClientError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let deadline = Instant::now() + self.options.patience;
+        let mut attempt = 0usize;
+        loop {
+            let addr = self.address_for(shard, attempt);
+            attempt += 1;
+            let error = match self.try_once(&addr, &call).await {
+                Ok(value) => return Ok(value),
+                Err(ClientError::NotLeader(hint)) => {
+                    let mut leaders = self.leaders.borrow_mut();
+                    if hint.leader_address.is_empty() || hint.leader_address == addr {
+                        leaders.remove(&shard);
+                    } else {
+                        leaders.insert(shard, hint.leader_address.clone());
+                    }
+                    ClientError::NotLeader(hint)
+                }
+                Err(e) if is_transient(&e) => {
+                    self.conns.borrow_mut().remove(&addr);
+                    self.leaders.borrow_mut().remove(&shard);
+                    e
+                }
+                Err(e) => return Err(e),
+            };
+            if Instant::now() >= deadline {
+                return Err(error);
+            }
+            // A named leader is tried at once; otherwise give the election a moment.
+            if !self.leaders.borrow().contains_key(&shard) {
+                glommio::timer::sleep(backoff(attempt)).await;
+            }
+        }
+    }
+
+    async fn try_once<T, F, Fut>(&self, addr: &str, call: &F) -> Result<T, ClientError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let timeout = self.options.request_timeout;
+        let attempt = async {
+            let client = self.client_at(addr).await?;
+            if self.members.borrow().len() == 1 {
+                self.learn(&client).await;
+            }
+            call(client).await
+        };
+        futures_lite::future::or(attempt, async {
+            glommio::timer::sleep(timeout).await;
+            Err(ClientError::Disconnected(format!(
+                "no answer from {addr} within {timeout:?}"
+            )))
+        })
+        .await
+    }
+}
+
+/// Errors another node (or a later try) may not have: the node is gone or paused, it is
+/// overloaded, or leadership changed while the request waited.
+fn is_transient(e: &ClientError) -> bool {
+    match e {
+        ClientError::Connect { .. } | ClientError::Disconnected(_) | ClientError::Overloaded(_) => {
+            true
+        }
+        ClientError::Refused(text) => {
+            text.contains("leadership changed") || text.contains("shutting down")
+        }
+        _ => false,
+    }
+}
+
+fn backoff(attempt: usize) -> Duration {
+    Duration::from_millis((20u64 << attempt.min(4)).min(300))
+}
