@@ -44,6 +44,25 @@ pub struct ServeArgs {
     /// Storage engine, storage.engine [default: lsm].
     #[arg(long, value_name = "ENGINE", value_parser = ["lsm", "memory"])]
     pub storage: Option<String>,
+
+    /// This node's Raft id, a positive integer, cluster.nodeId [default: unset, standalone].
+    /// Setting it makes the node a cluster member: --raft-listen and --peers are then required.
+    #[arg(long, value_name = "N")]
+    pub node_id: Option<u64>,
+
+    /// Address this node accepts its peers' Raft connections on, cluster.raftListen.
+    #[arg(long, value_name = "ADDR")]
+    pub raft_listen: Option<String>,
+
+    /// Every member's Raft address, this node included, cluster.peers:
+    /// 1=IP:PORT,2=IP:PORT,3=IP:PORT.
+    #[arg(long, value_name = "ID=ADDR,...")]
+    pub peers: Option<String>,
+
+    /// Client address this node tells its peers and clients, cluster.advertise
+    /// [default: --listen].
+    #[arg(long, value_name = "ADDR")]
+    pub advertise: Option<String>,
 }
 
 impl ServeArgs {
@@ -88,11 +107,26 @@ impl ServeArgs {
             ("server.cpus", "--cpus", &self.cpus),
             ("storage.engine", "--storage", &self.storage),
             ("server.numa", "--numa", &self.numa),
+            ("cluster.raftListen", "--raft-listen", &self.raft_listen),
+            ("cluster.peers", "--peers", &self.peers),
+            ("cluster.advertise", "--advertise", &self.advertise),
         ];
         for (key, flag, value) in text_flags {
             if let Some(value) = value {
                 loader.set(key, toml::Value::String(value.clone()), Origin::Flag(flag))?;
             }
+        }
+        if let Some(node_id) = self.node_id {
+            let value = i64::try_from(node_id).map_err(|_| ConfigError::Invalid {
+                key: "cluster.nodeId".to_owned(),
+                reason: format!("must be at most {}, found {node_id}", i64::MAX),
+                origin: Origin::Flag("--node-id"),
+            })?;
+            loader.set(
+                "cluster.nodeId",
+                toml::Value::Integer(value),
+                Origin::Flag("--node-id"),
+            )?;
         }
         Ok(())
     }
@@ -211,6 +245,41 @@ mod tests {
         let args = serve_args(&["--cpus", "3-1"]);
         let err = build(&args, &[]).unwrap_err();
         assert_eq!(err.key(), Some("server.cpus"));
+    }
+
+    #[test]
+    fn cluster_flags_set_the_cluster_section() {
+        let args = serve_args(&[
+            "--node-id",
+            "2",
+            "--raft-listen",
+            "127.0.0.1:7102",
+            "--peers",
+            "1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103",
+            "--listen",
+            "127.0.0.1:7500",
+            "--advertise",
+            "10.0.0.2:7500",
+        ]);
+        let config = build(&args, &[]).unwrap();
+        let cluster = config.cluster.unwrap();
+        assert_eq!(cluster.node_id, 2);
+        assert_eq!(cluster.raft_listen.to_string(), "127.0.0.1:7102");
+        assert_eq!(cluster.peers.len(), 3);
+        assert_eq!(cluster.peers[&3].to_string(), "127.0.0.1:7103");
+        assert_eq!(cluster.advertise.to_string(), "10.0.0.2:7500");
+    }
+
+    #[test]
+    fn a_node_id_flag_without_peers_names_the_missing_key() {
+        let args = serve_args(&["--node-id", "1", "--raft-listen", "127.0.0.1:7101"]);
+        let err = build(&args, &[]).unwrap_err();
+        assert_eq!(err.key(), Some("cluster.peers"), "{err}");
+        assert!(err.to_string().contains("from flag --node-id"), "{err}");
+        let args = serve_args(&["--node-id", "0"]);
+        let err = build(&args, &[]).unwrap_err();
+        assert_eq!(err.key(), Some("cluster.nodeId"), "{err}");
+        assert!(err.to_string().ends_with("(from flag --node-id)"), "{err}");
     }
 
     #[test]

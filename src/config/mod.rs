@@ -14,8 +14,10 @@ pub use bytes::{format_byte_size, parse_byte_size, ByteSizeError};
 pub use cpus::{allowed_cpus_from_status, format_cpu_list, online_cpus, CpuList, CpuListError};
 pub use load::{env_from_process, env_var_name, ConfigError, ConfigLoader, Origin, ENV_PREFIX};
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Everything `pinq serve` is configured with. Build it with [`ConfigLoader`]; `Default` is the
 /// embedded defaults (standalone, `./data`, all CPUs, client port 7400, metrics on 9400).
@@ -25,6 +27,8 @@ pub struct Config {
     pub publish: PublishConfig,
     pub server: ServerConfig,
     pub storage: StorageConfig,
+    /// `[cluster]`: `None` (no `cluster.nodeId`) runs pinq standalone, exactly as without Raft.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// Delivery pipeline settings (`[delivery]` in TOML).
@@ -257,5 +261,58 @@ impl Default for StorageConfig {
             memtable_bytes_max: 64 << 20,
             wal_segment_bytes_max: 64 << 20,
         }
+    }
+}
+
+/// Raft replication settings (`[cluster]`). Present only when `cluster.nodeId` is set; the loader
+/// then requires `raftListen` and `peers` too, and has checked that this node is one of the peers,
+/// at `raftListen`, and that ids and addresses are unique.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// `cluster.nodeId`: this node's Raft id, positive (raft-rs reserves 0 for "none").
+    pub node_id: u64,
+    /// `cluster.raftListen`: where this node accepts connections from its peers.
+    pub raft_listen: SocketAddr,
+    /// `cluster.peers`: every member's Raft address by node id, this node included.
+    pub peers: BTreeMap<u64, SocketAddr>,
+    /// `cluster.advertise`: the client address this node gives peers and clients (by default
+    /// `server.listen`, which must then be a concrete IP and port).
+    pub advertise: SocketAddr,
+    /// `cluster.tickInterval`: one Raft tick.
+    pub tick_interval: Duration,
+    /// `cluster.heartbeatTicks`: ticks between a leader's heartbeats.
+    pub heartbeat_ticks: usize,
+    /// `cluster.electionTicks`: ticks without a leader before a follower campaigns (raft-rs
+    /// randomises it within `[electionTicks, 2 × electionTicks)`); greater than `heartbeatTicks`.
+    pub election_ticks: usize,
+    /// `cluster.logRetainEntries`: entries a leader keeps past what every follower has; a follower
+    /// further behind gets a snapshot.
+    pub log_retain_entries: u64,
+    /// `cluster.outboundQueueMessages`: Raft messages queued per peer for sending; more are
+    /// dropped and counted (Raft retransmits).
+    pub outbound_queue_messages: usize,
+    /// `cluster.maxFrameBytes`: largest frame sent to or accepted from a peer, and the Cap'n Proto
+    /// traversal limit of the reader; see [`ClusterConfig::entry_bytes_max`].
+    pub max_frame_bytes: usize,
+}
+
+/// Bytes of a frame that are not entry payload, reserved by [`ClusterConfig::entry_bytes_max`]:
+/// the Cap'n Proto segment table and pointers, the `Frame`, `ShardMessage` and `RaftMessage`
+/// structs and each entry's own header (a few hundred bytes for a message carrying one entry).
+pub const FRAME_OVERHEAD_BYTES: usize = 64 << 10;
+
+impl ClusterConfig {
+    /// The largest `data` + `context` of one Raft entry (or a snapshot's data) that still fits in
+    /// one frame. A Raft message always carries at least one entry, however large, so a proposal
+    /// above this could never reach a follower: the shard must refuse it (raft's
+    /// `max_size_per_msg` should not exceed it either).
+    pub fn entry_bytes_max(&self) -> usize {
+        self.max_frame_bytes.saturating_sub(FRAME_OVERHEAD_BYTES)
+    }
+
+    /// The election timeout: `electionTicks × tickInterval`.
+    pub fn election_timeout(&self) -> Duration {
+        self.tick_interval
+            .saturating_mul(u32::try_from(self.election_ticks).unwrap_or(u32::MAX))
     }
 }

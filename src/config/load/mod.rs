@@ -10,9 +10,10 @@
 //!
 //! Environment variables are `PINQ_<SECTION>_<KEY>`, the TOML key in SCREAMING_SNAKE_CASE:
 //! `delivery.inFlightTimeout` is `PINQ_DELIVERY_IN_FLIGHT_TIMEOUT`. Any variable that starts
-//! with `PINQ_DELIVERY_`, `PINQ_PUBLISH_`, `PINQ_SERVER_` or `PINQ_STORAGE_` must name a key;
-//! other `PINQ_` variables are not configuration and are ignored here. A value that is an integer
-//! is read as one; anything else is a string, parsed like the same string in TOML.
+//! with `PINQ_DELIVERY_`, `PINQ_PUBLISH_`, `PINQ_SERVER_`, `PINQ_STORAGE_` or `PINQ_CLUSTER_`
+//! must name a key; other `PINQ_` variables are not configuration and are ignored here. A value
+//! that is an integer is read as one; anything else is a string, parsed like the same string in
+//! TOML (`PINQ_CLUSTER_PEERS` takes the `--peers` form, `1=IP:PORT,2=IP:PORT`).
 //!
 //! Runs once at start-up, never on a hot path.
 
@@ -29,6 +30,7 @@ use super::{
     NumaMode, PublishConfig, ServerConfig, StorageConfig, StorageEngine,
 };
 
+mod cluster;
 mod env;
 mod raw;
 mod render;
@@ -309,11 +311,13 @@ impl ConfigLoader {
         let publish = self.publish(raw.publish)?;
         let server = self.server(raw.server)?;
         let storage = self.storage(raw.storage)?;
+        let cluster = self.cluster(raw.cluster, &server, &publish)?;
         let config = Config {
             delivery,
             publish,
             server,
             storage,
+            cluster,
         };
         self.check_across_keys(&config)?;
         Ok(config)

@@ -14,6 +14,7 @@ pub(super) struct RawConfig {
     pub(super) publish: RawPublish,
     pub(super) server: RawServer,
     pub(super) storage: RawStorage,
+    pub(super) cluster: RawCluster,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -61,6 +62,21 @@ pub(super) struct RawStorage {
     pub(super) wal_segment_bytes: Option<ByteSizeValue>,
 }
 
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawCluster {
+    pub(super) node_id: Option<u64>,
+    pub(super) raft_listen: Option<String>,
+    pub(super) peers: Option<PeersValue>,
+    pub(super) advertise: Option<String>,
+    pub(super) tick_interval: Option<DurationValue>,
+    pub(super) heartbeat_ticks: Option<u64>,
+    pub(super) election_ticks: Option<u64>,
+    pub(super) log_retain_entries: Option<u64>,
+    pub(super) outbound_queue_messages: Option<u64>,
+    pub(super) max_frame_bytes: Option<ByteSizeValue>,
+}
+
 /// The section names (`delivery`, …).
 pub(super) fn sections() -> &'static [&'static str] {
     field_names::<RawConfig>()
@@ -73,6 +89,7 @@ pub(super) fn section_keys(section: &str) -> Option<&'static [&'static str]> {
         "publish" => Some(field_names::<RawPublish>()),
         "server" => Some(field_names::<RawServer>()),
         "storage" => Some(field_names::<RawStorage>()),
+        "cluster" => Some(field_names::<RawCluster>()),
         _ => None,
     }
 }
@@ -243,5 +260,46 @@ impl<'de> Deserialize<'de> for CpuText {
         }
 
         deserializer.deserialize_any(CpuTextVisitor)
+    }
+}
+
+/// `cluster.peers` as written: in TOML an array of `"ID=IP:PORT"` strings; from `--peers` or
+/// `PINQ_CLUSTER_PEERS` one string of them separated by commas. Each member is kept as text here
+/// and parsed during conversion, so an error can say which member is wrong.
+#[derive(Clone, Debug)]
+pub(super) struct PeersValue(pub(super) Vec<String>);
+
+impl<'de> Deserialize<'de> for PeersValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<PeersValue, D::Error> {
+        struct PeersVisitor;
+
+        impl<'de> Visitor<'de> for PeersVisitor {
+            type Value = PeersValue;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "an array of \"ID=IP:PORT\" strings such as [\"1=127.0.0.1:7101\", \"2=127.0.0.1:7102\"], or one string \"1=127.0.0.1:7101,2=127.0.0.1:7102\"",
+                )
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<PeersValue, E> {
+                Ok(PeersValue(
+                    text.split(',')
+                        .map(|member| member.trim().to_owned())
+                        .filter(|member| !member.is_empty())
+                        .collect(),
+                ))
+            }
+
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<PeersValue, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = seq.next_element::<String>()? {
+                    members.push(member.trim().to_owned());
+                }
+                Ok(PeersValue(members))
+            }
+        }
+
+        deserializer.deserialize_any(PeersVisitor)
     }
 }

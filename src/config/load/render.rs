@@ -19,6 +19,39 @@ impl Config {
             Some(base) => format!("shardPortBase = {base}\n"),
             None => "# shardPortBase unset: client port + 1 + shard index\n".to_owned(),
         };
+        let cluster = match &self.cluster {
+            None => String::new(),
+            Some(c) => {
+                let peers: Vec<String> = c
+                    .peers
+                    .iter()
+                    .map(|(id, addr)| text(&format!("{id}={addr}")))
+                    .collect();
+                format!(
+                    "\n[cluster]\n\
+                     nodeId = {}\n\
+                     raftListen = {}\n\
+                     peers = [{}]\n\
+                     advertise = {}\n\
+                     tickInterval = {}\n\
+                     heartbeatTicks = {}\n\
+                     electionTicks = {}\n\
+                     logRetainEntries = {}\n\
+                     outboundQueueMessages = {}\n\
+                     maxFrameBytes = {}\n",
+                    c.node_id,
+                    text(&c.raft_listen.to_string()),
+                    peers.join(", "),
+                    text(&c.advertise.to_string()),
+                    duration(u64::try_from(c.tick_interval.as_millis()).unwrap_or(u64::MAX)),
+                    c.heartbeat_ticks,
+                    c.election_ticks,
+                    c.log_retain_entries,
+                    c.outbound_queue_messages,
+                    bytes(c.max_frame_bytes as u64),
+                )
+            }
+        };
         format!(
             "[delivery]\n\
              dispatchPollInterval = {}\n\
@@ -48,7 +81,8 @@ impl Config {
              \n[storage]\n\
              engine = {}\n\
              memtableBytes = {}\n\
-             walSegmentBytes = {}\n",
+             walSegmentBytes = {}\n\
+             {cluster}",
             duration(d.dispatch_poll_interval_ms),
             duration(d.in_flight_timeout_ms),
             duration(d.delete_batch_interval_ms),

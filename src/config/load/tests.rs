@@ -2,8 +2,13 @@
 
 use super::render::format_ms;
 use super::*;
+use crate::config::ClusterConfig;
 
 const EXAMPLE: &str = include_str!("../../../pinq.example.toml");
+
+/// A valid three-node `[cluster]` section for node 1; tests append keys to it.
+const CLUSTER: &str = "[cluster]\nnodeId = 1\nraftListen = \"127.0.0.1:7101\"\n\
+    peers = [\"1=127.0.0.1:7101\", \"2=127.0.0.1:7102\", \"3=127.0.0.1:7103\"]\n";
 
 fn test_loader() -> ConfigLoader {
     ConfigLoader::with_online_cpus(vec![0, 1, 2, 3])
@@ -71,7 +76,10 @@ fn no_sources_give_the_defaults() {
 
 #[test]
 fn section_keys_are_read_from_the_raw_structs() {
-    assert_eq!(sections(), &["delivery", "publish", "server", "storage"]);
+    assert_eq!(
+        sections(),
+        &["delivery", "publish", "server", "storage", "cluster"]
+    );
     for section in sections() {
         assert!(section_keys(section).is_some(), "{section}");
     }
@@ -91,7 +99,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "numa"
         ]
     );
-    assert_eq!(all_keys().len(), 13 + 3 + 6 + 3);
+    assert_eq!(all_keys().len(), 13 + 3 + 6 + 3 + 10);
 }
 
 #[test]
@@ -114,9 +122,20 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
         ("publish", "maxBatchMessages", "0"),
         ("storage", "memtableBytes", "\"0MiB\""),
         ("storage", "walSegmentBytes", "0"),
+        ("cluster", "tickInterval", "\"0ms\""),
+        ("cluster", "heartbeatTicks", "0"),
+        ("cluster", "electionTicks", "0"),
+        ("cluster", "logRetainEntries", "0"),
+        ("cluster", "outboundQueueMessages", "0"),
+        ("cluster", "maxFrameBytes", "0"),
     ];
     for (section, key, zero) in zeros {
-        let err = error_from_toml(&format!("[{section}]\n{key} = {zero}\n"));
+        let header = if section == "cluster" {
+            CLUSTER.to_owned()
+        } else {
+            format!("[{section}]\n")
+        };
+        let err = error_from_toml(&format!("{header}{key} = {zero}\n"));
         let dotted = format!("{section}.{key}");
         assert_names_key(&err, &dotted);
         assert_eq!(
@@ -139,9 +158,15 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
             "server.shardPortBase",
             "server.numa",
             "storage.engine",
+            "cluster.raftListen",
+            "cluster.peers",
+            "cluster.advertise",
         ];
+        // cluster.nodeId = 0 has its own message (Raft's "no node"): tested below.
         assert!(
-            zero_keys.contains(&dotted) || exempt.contains(&dotted.as_str()),
+            zero_keys.contains(&dotted)
+                || exempt.contains(&dotted.as_str())
+                || dotted == "cluster.nodeId",
             "{dotted} is neither checked at zero nor exempt"
         );
     }
@@ -413,6 +438,16 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_STORAGE_ENGINE", "memory"),
         ("PINQ_STORAGE_MEMTABLE_BYTES", "1048576"),
         ("PINQ_STORAGE_WAL_SEGMENT_BYTES", "8MiB"),
+        ("PINQ_CLUSTER_NODE_ID", "2"),
+        ("PINQ_CLUSTER_RAFT_LISTEN", "0.0.0.0:7102"),
+        ("PINQ_CLUSTER_PEERS", "1=10.0.0.1:7101, 2=10.0.0.2:7102"),
+        ("PINQ_CLUSTER_ADVERTISE", "10.0.0.2:7500"),
+        ("PINQ_CLUSTER_TICK_INTERVAL", "20ms"),
+        ("PINQ_CLUSTER_HEARTBEAT_TICKS", "3"),
+        ("PINQ_CLUSTER_ELECTION_TICKS", "30"),
+        ("PINQ_CLUSTER_LOG_RETAIN_ENTRIES", "5000"),
+        ("PINQ_CLUSTER_OUTBOUND_QUEUE_MESSAGES", "128"),
+        ("PINQ_CLUSTER_MAX_FRAME_BYTES", "8MiB"),
     ];
     assert_eq!(values.len(), all_keys().len());
     for (section, key) in all_keys() {
@@ -459,6 +494,23 @@ fn every_key_can_be_set_from_its_environment_variable() {
             memtable_bytes_max: 1 << 20,
             wal_segment_bytes_max: 8 << 20,
         },
+        cluster: Some(ClusterConfig {
+            node_id: 2,
+            raft_listen: "0.0.0.0:7102".parse().unwrap(),
+            peers: [
+                (1, "10.0.0.1:7101".parse().unwrap()),
+                (2, "10.0.0.2:7102".parse().unwrap()),
+            ]
+            .into_iter()
+            .collect(),
+            advertise: "10.0.0.2:7500".parse().unwrap(),
+            tick_interval: Duration::from_millis(20),
+            heartbeat_ticks: 3,
+            election_ticks: 30,
+            log_retain_entries: 5000,
+            outbound_queue_messages: 128,
+            max_frame_bytes: 8 << 20,
+        }),
     };
     assert_eq!(config, expected);
 }
@@ -605,4 +657,312 @@ fn durations_render_in_their_largest_exact_unit() {
     assert_eq!(format_ms(60_000), "60s");
     assert_eq!(format_ms(86_400_000), "24h");
     assert_eq!(format_ms(1_500), "1500ms");
+}
+
+// ---------------------------------------------------------------------------------------------
+// [cluster]
+
+fn cluster_from_toml(text: &str) -> Result<ClusterConfig, ConfigError> {
+    match from_toml(text)?.cluster {
+        Some(cluster) => Ok(cluster),
+        None => panic!("no cluster from:\n{text}"),
+    }
+}
+
+#[test]
+fn no_cluster_keys_leave_the_node_standalone() {
+    assert_eq!(from_toml("").unwrap().cluster, None);
+    assert_eq!(from_toml("[cluster]\n").unwrap().cluster, None);
+    assert_eq!(Config::default().cluster, None);
+}
+
+#[test]
+fn a_cluster_gets_the_documented_defaults() {
+    let cluster = cluster_from_toml(CLUSTER).unwrap();
+    assert_eq!(cluster.node_id, 1);
+    assert_eq!(cluster.raft_listen.to_string(), "127.0.0.1:7101");
+    let peers: Vec<String> = cluster
+        .peers
+        .iter()
+        .map(|(id, addr)| format!("{id}={addr}"))
+        .collect();
+    assert_eq!(
+        peers,
+        ["1=127.0.0.1:7101", "2=127.0.0.1:7102", "3=127.0.0.1:7103"]
+    );
+    // Defaults to server.listen.
+    assert_eq!(cluster.advertise.to_string(), "127.0.0.1:7400");
+    assert_eq!(cluster.tick_interval, Duration::from_millis(50));
+    assert_eq!(cluster.heartbeat_ticks, 2);
+    assert_eq!(cluster.election_ticks, 10);
+    // A new leader within about a second: raft campaigns after 10..20 ticks of 50 ms.
+    assert_eq!(cluster.election_timeout(), Duration::from_millis(500));
+    assert_eq!(cluster.log_retain_entries, 100_000);
+    assert_eq!(cluster.outbound_queue_messages, 4096);
+    assert_eq!(cluster.max_frame_bytes, 64 << 20);
+    assert_eq!(cluster.entry_bytes_max(), (64 << 20) - (64 << 10));
+}
+
+#[test]
+fn the_example_file_shows_every_cluster_key_with_its_default() {
+    // The [cluster] keys are commented out in the example (setting nodeId would make a node a
+    // cluster member); uncommented, they must give exactly the defaults of a cluster.
+    let start = EXAMPLE.find("[cluster]").unwrap();
+    let section: String = EXAMPLE[start..]
+        .lines()
+        .map(|line| {
+            line.strip_prefix("# ")
+                .filter(|rest| rest.contains(" = "))
+                .unwrap_or(line)
+        })
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let cluster = cluster_from_toml(&section).unwrap();
+    let defaults = cluster_from_toml(CLUSTER).unwrap();
+    assert_eq!(cluster.tick_interval, defaults.tick_interval);
+    assert_eq!(cluster.heartbeat_ticks, defaults.heartbeat_ticks);
+    assert_eq!(cluster.election_ticks, defaults.election_ticks);
+    assert_eq!(cluster.log_retain_entries, defaults.log_retain_entries);
+    assert_eq!(
+        cluster.outbound_queue_messages,
+        defaults.outbound_queue_messages
+    );
+    assert_eq!(cluster.max_frame_bytes, defaults.max_frame_bytes);
+    assert_eq!(cluster.peers, defaults.peers);
+}
+
+#[test]
+fn a_cluster_key_without_node_id_is_refused_naming_node_id() {
+    for text in [
+        "[cluster]\nraftListen = \"127.0.0.1:7101\"\n",
+        "[cluster]\npeers = [\"1=127.0.0.1:7101\"]\n",
+        "[cluster]\nelectionTicks = 20\n",
+    ] {
+        let err = error_from_toml(text);
+        assert_names_key(&err, "cluster.nodeId");
+        assert!(
+            err.to_string().contains("must be set when cluster."),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn node_id_without_raft_listen_or_peers_names_the_missing_key() {
+    let err = error_from_toml("[cluster]\nnodeId = 1\npeers = [\"1=127.0.0.1:7101\"]\n");
+    assert_names_key(&err, "cluster.raftListen");
+    let err = error_from_toml("[cluster]\nnodeId = 1\nraftListen = \"127.0.0.1:7101\"\n");
+    assert_names_key(&err, "cluster.peers");
+    assert!(
+        err.to_string()
+            .contains("must be set when cluster.nodeId is (in test.toml)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn node_id_zero_or_negative_is_refused() {
+    let err = error_from_toml(&CLUSTER.replace("nodeId = 1", "nodeId = 0"));
+    assert_names_key(&err, "cluster.nodeId");
+    assert!(err.to_string().contains("greater than zero"), "{err}");
+    let err = error_from_toml(&CLUSTER.replace("nodeId = 1", "nodeId = -1"));
+    assert_names_key(&err, "cluster.nodeId");
+    let err = error_from_toml(&CLUSTER.replace("nodeId = 1", "nodeId = \"one\""));
+    assert_names_key(&err, "cluster.nodeId");
+}
+
+#[test]
+fn peers_must_list_this_node_at_raft_listen() {
+    let err = error_from_toml(&CLUSTER.replace("nodeId = 1", "nodeId = 4"));
+    assert_names_key(&err, "cluster.peers");
+    assert!(
+        err.to_string()
+            .contains("does not list this node (cluster.nodeId = 4), only 1, 2, 3"),
+        "{err}"
+    );
+
+    let err = error_from_toml(&CLUSTER.replace(
+        "raftListen = \"127.0.0.1:7101\"",
+        "raftListen = \"127.0.0.1:7999\"",
+    ));
+    assert_names_key(&err, "cluster.raftListen");
+    assert!(err.to_string().contains("1=127.0.0.1:7101"), "{err}");
+
+    // A wildcard on the member's port is fine.
+    let cluster = cluster_from_toml(&CLUSTER.replace(
+        "raftListen = \"127.0.0.1:7101\"",
+        "raftListen = \"0.0.0.0:7101\"",
+    ))
+    .unwrap();
+    assert_eq!(cluster.raft_listen.to_string(), "0.0.0.0:7101");
+}
+
+#[test]
+fn duplicate_ids_or_addresses_in_peers_are_refused() {
+    let err = error_from_toml(&CLUSTER.replace("3=127.0.0.1:7103", "2=127.0.0.1:7103"));
+    assert_names_key(&err, "cluster.peers");
+    assert!(
+        err.to_string().contains("node id 2 is listed twice"),
+        "{err}"
+    );
+    let err = error_from_toml(&CLUSTER.replace("3=127.0.0.1:7103", "3=127.0.0.1:7102"));
+    assert_names_key(&err, "cluster.peers");
+    assert!(
+        err.to_string()
+            .contains("nodes 2 and 3 have the same address 127.0.0.1:7102"),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_or_undialable_peers_are_refused_naming_the_member() {
+    for (member, says) in [
+        ("3:127.0.0.1:7103", "\"3:127.0.0.1:7103\" is not ID=IP:PORT"),
+        ("3=localhost:7103", "\"3=localhost:7103\" is not ID=IP:PORT"),
+        ("x=127.0.0.1:7103", "is not ID=IP:PORT"),
+        ("0=127.0.0.1:7103", "node ids must be greater than zero"),
+        ("3=0.0.0.0:7103", "not an address a peer can connect to"),
+        ("3=127.0.0.1:0", "not an address a peer can connect to"),
+    ] {
+        let err = error_from_toml(&CLUSTER.replace("3=127.0.0.1:7103", member));
+        assert_names_key(&err, "cluster.peers");
+        assert!(err.to_string().contains(says), "{member}: {err}");
+    }
+    let err =
+        error_from_toml("[cluster]\nnodeId = 1\nraftListen = \"127.0.0.1:7101\"\npeers = []\n");
+    assert_names_key(&err, "cluster.peers");
+    assert!(err.to_string().contains("at least one member"), "{err}");
+    let err =
+        error_from_toml("[cluster]\nnodeId = 1\nraftListen = \"127.0.0.1:7101\"\npeers = [1]\n");
+    assert_names_key(&err, "cluster.peers");
+}
+
+#[test]
+fn peers_may_be_one_comma_separated_string() {
+    let mut loader = test_loader();
+    loader
+        .add_env([
+            ("PINQ_CLUSTER_NODE_ID", "1"),
+            ("PINQ_CLUSTER_RAFT_LISTEN", "127.0.0.1:7101"),
+            (
+                "PINQ_CLUSTER_PEERS",
+                "1=127.0.0.1:7101,2=127.0.0.1:7102,3=[::1]:7103",
+            ),
+        ])
+        .unwrap();
+    let cluster = loader.build().unwrap().cluster.unwrap();
+    assert_eq!(cluster.peers.len(), 3);
+    assert_eq!(cluster.peers[&3].to_string(), "[::1]:7103");
+    // A single member is a cluster of one.
+    let one = cluster_from_toml(
+        "[cluster]\nnodeId = 5\nraftListen = \"127.0.0.1:7105\"\npeers = \"5=127.0.0.1:7105\"\n",
+    )
+    .unwrap();
+    assert_eq!(one.peers.keys().copied().collect::<Vec<_>>(), [5]);
+}
+
+#[test]
+fn a_wildcard_client_address_needs_advertise() {
+    let text = format!("[server]\nlisten = \"0.0.0.0:7400\"\n{CLUSTER}");
+    let err = error_from_toml(&text);
+    assert_names_key(&err, "cluster.advertise");
+    assert!(err.to_string().contains("0.0.0.0:7400"), "{err}");
+    let cluster = cluster_from_toml(&format!("{text}advertise = \"10.1.2.3:7400\"\n")).unwrap();
+    assert_eq!(cluster.advertise.to_string(), "10.1.2.3:7400");
+    let err = error_from_toml(&format!("{text}advertise = \"0.0.0.0:7400\"\n"));
+    assert_names_key(&err, "cluster.advertise");
+    let err = error_from_toml(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{CLUSTER}"));
+    assert_names_key(&err, "cluster.advertise");
+}
+
+#[test]
+fn election_ticks_must_exceed_heartbeat_ticks() {
+    let err = error_from_toml(&format!("{CLUSTER}heartbeatTicks = 3\nelectionTicks = 3\n"));
+    assert_names_key(&err, "cluster.electionTicks");
+    assert!(
+        err.to_string()
+            .contains("must be greater than cluster.heartbeatTicks (3)"),
+        "{err}"
+    );
+    let err = error_from_toml(&format!("{CLUSTER}heartbeatTicks = 10\n"));
+    assert_names_key(&err, "cluster.heartbeatTicks");
+    let cluster = cluster_from_toml(&format!(
+        "{CLUSTER}heartbeatTicks = 1\nelectionTicks = 2\ntickInterval = \"100ms\"\n"
+    ))
+    .unwrap();
+    assert_eq!(cluster.election_timeout(), Duration::from_millis(200));
+}
+
+#[test]
+fn out_of_range_cluster_values_are_rejected_naming_the_key() {
+    for (line, key) in [
+        ("tickInterval = \"1min\"", "cluster.tickInterval"),
+        ("tickInterval = \"1500us\"", "cluster.tickInterval"),
+        ("heartbeatTicks = 5000", "cluster.heartbeatTicks"),
+        ("electionTicks = 20000", "cluster.electionTicks"),
+        ("logRetainEntries = 1000000000", "cluster.logRetainEntries"),
+        (
+            "outboundQueueMessages = 2000000",
+            "cluster.outboundQueueMessages",
+        ),
+        ("maxFrameBytes = \"2GiB\"", "cluster.maxFrameBytes"),
+        ("maxFrameBytes = \"64KiB\"", "cluster.maxFrameBytes"),
+        ("advertise = \"nowhere\"", "cluster.advertise"),
+        ("bogus = 1", "cluster.bogus"),
+    ] {
+        let err = error_from_toml(&format!("{CLUSTER}{line}\n"));
+        assert_names_key(&err, key);
+    }
+    let err = error_from_toml(
+        &CLUSTER.replace("raftListen = \"127.0.0.1:7101\"", "raftListen = \"7101\""),
+    );
+    assert_names_key(&err, "cluster.raftListen");
+}
+
+#[test]
+fn a_frame_must_hold_the_largest_message() {
+    let err = error_from_toml(&format!(
+        "[publish]\nmaxMessageBytes = \"2MiB\"\n{CLUSTER}maxFrameBytes = \"2MiB\"\n"
+    ));
+    assert_names_key(&err, "cluster.maxFrameBytes");
+    assert!(
+        err.to_string()
+            .contains("publish.maxMessageBytes (2097152 bytes) + 65536 bytes"),
+        "{err}"
+    );
+    let err = error_from_toml(&format!(
+        "[publish]\nmaxMessageBytes = \"64MiB\"\n[storage]\nengine = \"memory\"\n{CLUSTER}"
+    ));
+    assert_names_key(&err, "publish.maxMessageBytes");
+    cluster_from_toml(&format!(
+        "[publish]\nmaxMessageBytes = \"1MiB\"\n{CLUSTER}maxFrameBytes = \"2MiB\"\n"
+    ))
+    .unwrap();
+}
+
+#[test]
+fn raft_listen_must_not_share_a_port_with_the_other_listeners() {
+    let three = |port: u16| {
+        format!(
+            "[cluster]\nnodeId = 1\nraftListen = \"127.0.0.1:{port}\"\npeers = [\"1=127.0.0.1:{port}\", \"2=127.0.0.1:7102\"]\n"
+        )
+    };
+    for port in [7400, 9400, 7401] {
+        let err = error_from_toml(&format!("[server]\ncpus = \"0-1\"\n{}", three(port)));
+        assert_names_key(&err, "cluster.raftListen");
+    }
+}
+
+#[test]
+fn a_cluster_config_renders_back_to_itself() {
+    let text = format!(
+        "[server]\nlisten = \"0.0.0.0:7400\"\n{CLUSTER}advertise = \"10.0.0.1:7400\"\ntickInterval = \"20ms\"\nmaxFrameBytes = \"16MiB\"\n"
+    );
+    let config = from_toml(&text).unwrap();
+    let rendered = config.to_toml();
+    assert!(rendered.contains("[cluster]"), "{rendered}");
+    let again = from_toml(&rendered).unwrap_or_else(|err| panic!("{err}\nin:\n{rendered}"));
+    assert_eq!(again, config, "{rendered}");
+    assert!(!from_toml("").unwrap().to_toml().contains("[cluster]"));
 }
