@@ -63,7 +63,9 @@ fn regenerate() -> Result<(), Box<dyn std::error::Error>> {
     command.run()?;
     for (_, generated) in SCHEMAS {
         let generated = Path::new(generated);
-        let name = generated.file_name().ok_or("a generated path without a file name")?;
+        let name = generated
+            .file_name()
+            .ok_or("a generated path without a file name")?;
         let fresh = std::fs::read(out_dir.join(name))?;
         let target = match std::env::var_os(CHECK_DIR_VAR) {
             Some(dir) if !dir.is_empty() => Path::new(&dir).join(name),
