@@ -286,7 +286,7 @@ impl Hello {
 }
 
 /// Why a node refused a peer at the handshake (`RefusalReason` in the schema).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RefusalReason {
     ShardCountMismatch,
     MembersMismatch,
