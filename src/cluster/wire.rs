@@ -562,35 +562,37 @@ fn write_message(message: &Message, mut out: raft_message::Builder) -> Result<()
 }
 
 fn read_message(reader: raft_message::Reader) -> Result<Message, WireError> {
-    let mut message = Message::default();
-    message.msg_type =
-        message_type_from_wire(reader.get_msg_type().map_err(|capnp::NotInSchema(value)| {
-            WireError::UnknownEnumerant {
+    let msg_type =
+        reader
+            .get_msg_type()
+            .map_err(|capnp::NotInSchema(value)| WireError::UnknownEnumerant {
                 field: "raftMessage.msgType",
                 value,
-            }
-        })?);
-    message.to = reader.get_to();
-    message.from = reader.get_from();
-    message.term = reader.get_term();
-    message.log_term = reader.get_log_term();
-    message.index = reader.get_index();
-    let entries = reader.get_entries()?;
+            })?;
+    let mut message = Message {
+        msg_type: message_type_from_wire(msg_type),
+        to: reader.get_to(),
+        from: reader.get_from(),
+        term: reader.get_term(),
+        log_term: reader.get_log_term(),
+        index: reader.get_index(),
+        commit: reader.get_commit(),
+        commit_term: reader.get_commit_term(),
+        reject: reader.get_reject(),
+        reject_hint: reader.get_reject_hint(),
+        context: reader.get_context()?.to_vec().into(),
+        request_snapshot: reader.get_request_snapshot(),
+        priority: reader.get_priority(),
+        deprecated_priority: reader.get_deprecated_priority(),
+        ..Message::default()
+    };
     let list = message.mut_entries();
-    for e in entries {
+    for e in reader.get_entries()? {
         list.push(read_entry(e)?);
     }
-    message.commit = reader.get_commit();
-    message.commit_term = reader.get_commit_term();
     if reader.has_snapshot() {
         message.set_snapshot(read_snapshot(reader.get_snapshot()?)?);
     }
-    message.reject = reader.get_reject();
-    message.reject_hint = reader.get_reject_hint();
-    message.context = reader.get_context()?.to_vec().into();
-    message.request_snapshot = reader.get_request_snapshot();
-    message.priority = reader.get_priority();
-    message.deprecated_priority = reader.get_deprecated_priority();
     Ok(message)
 }
 
@@ -607,8 +609,7 @@ fn write_entry(e: &Entry, mut out: entry::Builder) {
 }
 
 fn read_entry(reader: entry::Reader) -> Result<Entry, WireError> {
-    let mut e = Entry::default();
-    e.entry_type = match reader
+    let entry_type = match reader
         .get_entry_type()
         .map_err(|capnp::NotInSchema(value)| WireError::UnknownEnumerant {
             field: "entry.entryType",
@@ -618,11 +619,14 @@ fn read_entry(reader: entry::Reader) -> Result<Entry, WireError> {
         EntryType::EntryConfChange => RaftEntryType::EntryConfChange,
         EntryType::EntryConfChangeV2 => RaftEntryType::EntryConfChangeV2,
     };
-    e.term = reader.get_term();
-    e.index = reader.get_index();
-    e.data = reader.get_data()?.to_vec().into();
-    e.context = reader.get_context()?.to_vec().into();
-    Ok(e)
+    Ok(Entry {
+        entry_type,
+        term: reader.get_term(),
+        index: reader.get_index(),
+        data: reader.get_data()?.to_vec().into(),
+        context: reader.get_context()?.to_vec().into(),
+        ..Entry::default()
+    })
 }
 
 fn write_snapshot(s: &Snapshot, mut out: snapshot::Builder) -> Result<(), WireError> {
@@ -640,8 +644,10 @@ fn write_snapshot(s: &Snapshot, mut out: snapshot::Builder) -> Result<(), WireEr
 }
 
 fn read_snapshot(reader: snapshot::Reader) -> Result<Snapshot, WireError> {
-    let mut s = Snapshot::default();
-    s.data = reader.get_data()?.to_vec().into();
+    let mut s = Snapshot {
+        data: reader.get_data()?.to_vec().into(),
+        ..Snapshot::default()
+    };
     if reader.has_metadata() {
         let m = reader.get_metadata()?;
         let metadata = s.mut_metadata();
@@ -684,13 +690,14 @@ fn write_conf_state(c: &ConfState, mut out: conf_state::Builder) -> Result<(), W
 
 fn read_conf_state(reader: conf_state::Reader) -> Result<ConfState, WireError> {
     let ids = |list: capnp::primitive_list::Reader<u64>| list.iter().collect::<Vec<u64>>();
-    let mut c = ConfState::default();
-    c.voters = ids(reader.get_voters()?);
-    c.learners = ids(reader.get_learners()?);
-    c.voters_outgoing = ids(reader.get_voters_outgoing()?);
-    c.learners_next = ids(reader.get_learners_next()?);
-    c.auto_leave = reader.get_auto_leave();
-    Ok(c)
+    Ok(ConfState {
+        voters: ids(reader.get_voters()?),
+        learners: ids(reader.get_learners()?),
+        voters_outgoing: ids(reader.get_voters_outgoing()?),
+        learners_next: ids(reader.get_learners_next()?),
+        auto_leave: reader.get_auto_leave(),
+        ..ConfState::default()
+    })
 }
 
 /// raft-rs's message type as the schema's; the ordinals match (see the schema), but each is

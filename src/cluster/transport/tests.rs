@@ -1,6 +1,10 @@
 //! Tests of the transport with real sockets on 127.0.0.1: several transports on one glommio
 //! executor, talking to each other over loopback.
 
+// raft's protobuf structs have many fields; setting the few a test cares about one by one reads
+// better than a struct literal with `..Default::default()`.
+#![allow(clippy::field_reassign_with_default)]
+
 use super::*;
 use raft::eraftpb::MessageType;
 use std::future::Future;
