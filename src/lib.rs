@@ -13,6 +13,7 @@
 //!   table, deleter, janitor) driven by explicit time;
 //! - [`metrics`]: per-shard snapshots and the Prometheus endpoint;
 //! - [`ops`]: `pinq doctor` and NUMA placement (host checks, pure parsing of /sys and /proc);
+//! - [`cluster`]: clustered mode: the node-to-node codec and transport of Raft messages;
 //! - [`server`]: the glommio shards that drive the pipeline and serve connections;
 //! - [`rpc`]: the Cap'n Proto protocol (generated code from `schema/`);
 //! - [`client`]: the Rust client library;

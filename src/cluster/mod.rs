@@ -1,10 +1,18 @@
-//! Clustered mode: every shard a Raft group across the nodes (shard k of node A ↔ shard k of
-//! node B), with tikv's `raft` crate as the consensus core.
+//! Clustered mode: every shard a Raft group across the nodes of `cluster.peers` (shard k of
+//! node A ↔ shard k of node B; PRODUCT.md §6), with tikv's `raft` crate as the consensus core.
 //!
-//! - [`record`]: what a shard's WAL holds in a cluster (entries, hard state, checkpoints);
-//! - [`raft_log`]: the raft core's `Storage`, the in-memory mirror of that WAL;
-//! - [`replica`]: the pure driver core (Ready → work for the shell), shared with the simulation;
-//! - `crate::storage::replicated`: the glommio shell that drives a replica on its shard's core.
+//! - [`record`]: what a shard's WAL holds in a cluster (entries, hard state, checkpoints); pure.
+//! - [`raft_log`]: the raft core's `Storage`, the in-memory mirror of that WAL; pure.
+//! - [`replica`]: the driver's pure core (Ready → work for the shell), shared with the
+//!   deterministic simulation (`tests/cluster_sim.rs`).
+//! - [`driver`]: `ReplicatedStore`, the glommio shell that drives a replica on its shard's core
+//!   (the WAL, the engine's apply, proposals resolved at apply, log compaction).
+//! - [`view`]: what every shard of a node knows of the cluster (leaders, terms, addresses).
+//! - [`wire`]: the node-to-node codec (`schema/replication.capnp` ↔ raft-rs's messages), the
+//!   handshake and its checks; pure.
+//! - [`transport`]: one TCP connection per node pair carrying every shard's Raft messages, on
+//!   shard 0's executor; the only part that does network I/O. Other shards reach it through the
+//!   mesh (`crate::server::shard`).
 
 pub mod driver;
 pub mod raft_log;
@@ -12,3 +20,4 @@ pub mod record;
 pub mod replica;
 pub mod transport;
 pub mod view;
+pub mod wire;

@@ -1,0 +1,458 @@
+//! Tests of the transport with real sockets on 127.0.0.1: several transports on one glommio
+//! executor, talking to each other over loopback.
+
+// raft's protobuf structs have many fields; setting the few a test cares about one by one reads
+// better than a struct literal with `..Default::default()`.
+#![allow(clippy::field_reassign_with_default)]
+
+use super::*;
+use raft::eraftpb::MessageType;
+use std::future::Future;
+
+type Received = Rc<RefCell<Vec<(u64, u32, Message)>>>;
+
+/// Runs a test body on a fresh glommio executor.
+fn run<F, Fut>(body: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .spawn(body)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+/// Polls `condition` every millisecond until it holds; fails the test after 10 s.
+async fn until(what: &str, mut condition: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if condition() {
+            return;
+        }
+        glommio::timer::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// `n` free loopback ports (bound once, then released).
+fn free_addrs(n: usize) -> Vec<SocketAddr> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners.iter().map(|l| l.local_addr().unwrap()).collect()
+}
+
+/// Node `node_id` of a cluster whose members are at `addrs` (node i + 1 at addrs[i]), with fast
+/// timing: 50 ms election timeout, so 500 ms before a silent connection is closed.
+fn config(node_id: u64, addrs: &[SocketAddr]) -> ClusterConfig {
+    ClusterConfig {
+        node_id,
+        raft_listen: addrs[node_id as usize - 1],
+        peers: addrs
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| (i as u64 + 1, *addr))
+            .collect(),
+        advertise: SocketAddr::from(([127, 0, 0, 1], 7400 + node_id as u16)),
+        tick_interval: Duration::from_millis(10),
+        heartbeat_ticks: 1,
+        election_ticks: 5,
+        log_retain_entries: 1000,
+        outbound_queue_messages: 1024,
+        max_frame_bytes: 1 << 20,
+    }
+}
+
+fn start(config: &ClusterConfig, shard_count: u32) -> (Rc<Transport>, Received) {
+    let received: Received = Rc::default();
+    let sink = received.clone();
+    let transport = Transport::start(
+        config,
+        shard_count,
+        Rc::new(move |from, shard, message| sink.borrow_mut().push((from, shard, message))),
+    )
+    .unwrap();
+    (transport, received)
+}
+
+fn heartbeat(from: u64, to: u64, term: u64) -> Message {
+    let mut m = Message::default();
+    m.msg_type = MessageType::MsgHeartbeat;
+    m.from = from;
+    m.to = to;
+    m.term = term;
+    m
+}
+
+fn all_reachable(transport: &Transport) -> bool {
+    transport.peers().iter().all(|p| p.reachable)
+}
+
+#[test]
+fn three_nodes_exchange_messages_on_every_shard() {
+    run(|| async {
+        let addrs = free_addrs(3);
+        let nodes: Vec<(Rc<Transport>, Received)> =
+            (1..=3).map(|id| start(&config(id, &addrs), 4)).collect();
+        until("every pair connected", || {
+            nodes.iter().all(|(t, _)| all_reachable(t))
+        })
+        .await;
+        for (i, (transport, _)) in nodes.iter().enumerate() {
+            let from = i as u64 + 1;
+            for to in (1..=3).filter(|to| *to != from) {
+                for shard in 0..4 {
+                    transport.send(to, shard, heartbeat(from, to, u64::from(shard) + 10));
+                }
+            }
+        }
+        until("8 messages at each node", || {
+            nodes.iter().all(|(_, r)| r.borrow().len() == 8)
+        })
+        .await;
+        for (i, (transport, received)) in nodes.iter().enumerate() {
+            let me = i as u64 + 1;
+            let mut got: Vec<(u64, u32, u64)> = received
+                .borrow()
+                .iter()
+                .map(|(from, shard, m)| {
+                    assert_eq!(m.to, me);
+                    assert_eq!(m.from, *from);
+                    (*from, *shard, m.term)
+                })
+                .collect();
+            got.sort();
+            let expected: Vec<(u64, u32, u64)> = (1..=3)
+                .filter(|from| *from != me)
+                .flat_map(|from| (0..4).map(move |shard| (from, shard, u64::from(shard) + 10)))
+                .collect();
+            assert_eq!(got, expected, "node {me}");
+            let counters = transport.counters();
+            assert_eq!(counters.messages_sent, 8);
+            assert_eq!(counters.messages_received, 8);
+            assert_eq!(counters.dropped(), 0);
+            assert_eq!(counters.connections_established, 2);
+            let peers = transport.peers();
+            assert_eq!(peers.len(), 2);
+            for peer in peers {
+                assert_eq!(
+                    peer.client_addr,
+                    Some(format!("127.0.0.1:{}", 7400 + peer.id))
+                );
+                assert_eq!(peer.raft_addr, addrs[peer.id as usize - 1]);
+            }
+        }
+        for (transport, _) in &nodes {
+            transport.stop();
+        }
+    });
+}
+
+#[test]
+fn messages_queued_in_one_turn_travel_in_one_frame() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (one, _) = start(&config(1, &addrs), 64);
+        let (two, received) = start(&config(2, &addrs), 64);
+        until("connected", || all_reachable(&one) && all_reachable(&two)).await;
+        let frames_before = one.counters().frames_sent;
+        // The heartbeats of 64 shards in one tick: queued without yielding in between.
+        for shard in 0..64 {
+            one.send(2, shard, heartbeat(1, 2, 3));
+        }
+        until("64 heartbeats", || received.borrow().len() == 64).await;
+        let counters = one.counters();
+        assert_eq!(counters.messages_sent, 64);
+        // One data frame (a keepalive may have gone out meanwhile as well).
+        let frames = counters.frames_sent - frames_before;
+        assert!((1..=2).contains(&frames), "{frames} frames");
+        assert_eq!(two.counters().messages_received, 64);
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
+fn a_shard_count_mismatch_is_refused_with_the_typed_reason_on_both_sides() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (one, _) = start(&config(1, &addrs), 2);
+        let (two, _) = start(&config(2, &addrs), 4);
+        until("a refusal on both sides", || {
+            !one.recent_refusals().is_empty() && !two.recent_refusals().is_empty()
+        })
+        .await;
+        for (transport, us, them, ours, theirs) in [(&one, 1, 2, 2, 4), (&two, 2, 1, 4, 2)] {
+            let event = &transport.recent_refusals()[0];
+            assert_eq!(event.peer, Some(them));
+            assert!(event.by_us, "each side refuses the other");
+            assert_eq!(event.refusal.reason, RefusalReason::ShardCountMismatch);
+            assert!(
+                event.refusal.detail.starts_with(&format!(
+                    "node {them} runs {theirs} shards, node {us} runs {ours}"
+                )),
+                "{}",
+                event.refusal
+            );
+            assert!(!all_reachable(transport));
+        }
+        // The dialer keeps retrying (with backoff), and each retry is refused again.
+        let before = one.counters().handshake_refusals;
+        until("a retry", || one.counters().handshake_refusals > before).await;
+        assert_eq!(one.counters().connections_established, 0);
+        one.send(2, 0, heartbeat(1, 2, 1));
+        assert_eq!(one.counters().dropped_not_connected, 1);
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
+fn a_members_mismatch_is_refused_showing_both_lists() {
+    run(|| async {
+        let addrs = free_addrs(3);
+        let (one, _) = start(&config(1, &addrs), 2);
+        // Node 2 believes in a two-node cluster.
+        let (two, _) = start(&config(2, &addrs[..2]), 2);
+        until("a refusal", || !two.recent_refusals().is_empty()).await;
+        let event = &two.recent_refusals()[0];
+        assert_eq!(event.refusal.reason, RefusalReason::MembersMismatch);
+        assert!(
+            event.refusal.detail.contains(&format!("3={}", addrs[2])),
+            "{}",
+            event.refusal
+        );
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
+fn a_restarted_peer_is_reconnected_and_messages_flow_again() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (one, received_one) = start(&config(1, &addrs), 2);
+        let (two, received_two) = start(&config(2, &addrs), 2);
+        until("connected", || all_reachable(&one) && all_reachable(&two)).await;
+        one.send(2, 0, heartbeat(1, 2, 1));
+        until("first message", || received_two.borrow().len() == 1).await;
+
+        // Node 2 (the accepting side) restarts: node 1 redials it.
+        two.stop();
+        until("node 1 sees node 2 gone", || !all_reachable(&one)).await;
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+        let (two, received_two) = start(&config(2, &addrs), 2);
+        until("reconnected to node 2", || {
+            all_reachable(&one) && all_reachable(&two)
+        })
+        .await;
+        assert_eq!(one.counters().reconnects, 1);
+        one.send(2, 1, heartbeat(1, 2, 2));
+        two.send(1, 1, heartbeat(2, 1, 2));
+        until("messages after node 2's restart", || {
+            received_two.borrow().len() == 1 && received_one.borrow().len() == 1
+        })
+        .await;
+
+        // Node 1 (the dialing side) restarts: node 2 takes its new connection.
+        one.stop();
+        until("node 2 sees node 1 gone", || !all_reachable(&two)).await;
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+        let (one, received_one) = start(&config(1, &addrs), 2);
+        until("reconnected to node 1", || {
+            all_reachable(&one) && all_reachable(&two)
+        })
+        .await;
+        two.send(1, 0, heartbeat(2, 1, 3));
+        until("message after node 1's restart", || {
+            received_one.borrow().len() == 1
+        })
+        .await;
+        assert_eq!(received_one.borrow()[0].2.term, 3);
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
+fn a_full_queue_drops_and_counts() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let mut small = config(1, &addrs);
+        small.outbound_queue_messages = 4;
+        let (one, _) = start(&small, 1);
+        let (two, received) = start(&config(2, &addrs), 1);
+        until("connected", || all_reachable(&one) && all_reachable(&two)).await;
+        // Ten sends before the writer runs: four fit the queue.
+        for term in 0..10 {
+            one.send(2, 0, heartbeat(1, 2, term));
+        }
+        assert_eq!(one.counters().dropped_queue_full, 6);
+        until("the queued four", || received.borrow().len() == 4).await;
+        let terms: Vec<u64> = received.borrow().iter().map(|(_, _, m)| m.term).collect();
+        assert_eq!(terms, [0, 1, 2, 3]);
+        // The queue has room again once drained.
+        one.send(2, 0, heartbeat(1, 2, 99));
+        until("one more", || received.borrow().len() == 5).await;
+        // Unknown and unconnected peers drop too.
+        one.send(7, 0, heartbeat(1, 7, 1));
+        assert_eq!(one.counters().dropped_not_connected, 1);
+        assert_eq!(one.counters().dropped(), 7);
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
+fn a_message_larger_than_a_frame_is_dropped_and_the_rest_go() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (one, _) = start(&config(1, &addrs), 1);
+        let (two, received) = start(&config(2, &addrs), 1);
+        until("connected", || all_reachable(&one) && all_reachable(&two)).await;
+        let mut huge = heartbeat(1, 2, 5);
+        huge.msg_type = MessageType::MsgAppend;
+        let mut entry = raft::eraftpb::Entry::default();
+        entry.data = vec![0u8; 2 << 20].into();
+        huge.mut_entries().push(entry);
+        one.send(2, 0, heartbeat(1, 2, 4));
+        one.send(2, 0, huge);
+        one.send(2, 0, heartbeat(1, 2, 6));
+        until("the two small ones", || received.borrow().len() == 2).await;
+        assert_eq!(one.counters().dropped_oversize, 1);
+        let terms: Vec<u64> = received.borrow().iter().map(|(_, _, m)| m.term).collect();
+        assert_eq!(terms, [4, 6]);
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
+fn messages_for_unknown_shards_or_from_another_node_are_dropped_on_arrival() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (one, _) = start(&config(1, &addrs), 2);
+        let (two, received) = start(&config(2, &addrs), 2);
+        until("connected", || all_reachable(&one) && all_reachable(&two)).await;
+        one.send(2, 5, heartbeat(1, 2, 1)); // no shard 5 (a bug on the sender)
+        one.send(2, 0, heartbeat(3, 2, 1)); // claims to be from node 3
+        one.send(2, 1, heartbeat(1, 2, 2));
+        until("the valid one", || received.borrow().len() == 1).await;
+        until("the others counted", || two.counters().dropped_inbound == 2).await;
+        one.stop();
+        two.stop();
+    });
+}
+
+/// Connects to `addr` as a raw client.
+async fn raw_connect(addr: SocketAddr) -> TcpStream {
+    TcpStream::connect(addr).await.unwrap()
+}
+
+#[test]
+fn an_oversized_incoming_frame_closes_the_connection_before_its_body_is_read() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (two, _) = start(&config(2, &addrs), 1);
+        let mut stream = raw_connect(addrs[1]).await;
+        // One segment announcing 16 Mi words (128 MiB), then nothing.
+        let mut table = [0u8; 8];
+        table[4..8].copy_from_slice(&(16u32 << 20).to_le_bytes());
+        stream.write_all(&table).await.unwrap();
+        stream.flush().await.unwrap();
+        // Node 2 sent its Hello, then closes on our frame (a reset or an orderly close).
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+        until("counted", || two.counters().frames_too_large == 1).await;
+        assert_eq!(two.counters().connections_established, 0);
+        two.stop();
+    });
+}
+
+#[test]
+fn garbage_in_a_handshake_closes_the_connection() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (two, _) = start(&config(2, &addrs), 1);
+        let mut stream = raw_connect(addrs[1]).await;
+        // A valid segment table of 2 words whose body is noise.
+        let mut frame = vec![0u8; 8];
+        frame[4..8].copy_from_slice(&2u32.to_le_bytes());
+        frame.extend_from_slice(&[0xff; 16]);
+        stream.write_all(&frame).await.unwrap();
+        stream.flush().await.unwrap();
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+        until("counted", || two.counters().decode_errors == 1).await;
+        two.stop();
+    });
+}
+
+#[test]
+fn a_silent_connection_is_closed_as_stalled() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (two, _) = start(&config(2, &addrs), 1);
+        let mut stream = raw_connect(addrs[1]).await;
+        // Send nothing: node 2 waits for our Hello for 10 election timeouts (500 ms), then closes.
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+        until("counted", || two.counters().stalled_connections == 1).await;
+        two.stop();
+    });
+}
+
+#[test]
+fn an_idle_pair_stays_connected_through_keepalives() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (one, _) = start(&config(1, &addrs), 1);
+        let (two, _) = start(&config(2, &addrs), 1);
+        until("connected", || all_reachable(&one) && all_reachable(&two)).await;
+        // Twice the idle timeout with nothing to send.
+        glommio::timer::sleep(Duration::from_millis(1000)).await;
+        assert!(all_reachable(&one) && all_reachable(&two));
+        assert_eq!(one.counters().connections_established, 1);
+        assert_eq!(one.counters().stalled_connections, 0);
+        assert!(one.counters().frames_sent >= 5, "{:?}", one.counters());
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
+fn a_second_transport_on_the_same_port_fails_to_start() {
+    run(|| async {
+        let addrs = free_addrs(1);
+        let (one, _) = start(&config(1, &addrs), 1);
+        let err = Transport::start(&config(1, &addrs), 1, Rc::new(|_, _, _| {}))
+            .err()
+            .unwrap();
+        assert!(matches!(err, TransportError::Bind { .. }), "{err}");
+        one.stop();
+    });
+}
+
+#[test]
+fn backoff_jitter_stays_within_half_and_whole() {
+    let mut jitter = Jitter::new(1, 2);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..100 {
+        let d = jitter.spread(Duration::from_millis(200));
+        assert!(
+            d >= Duration::from_millis(100) && d <= Duration::from_millis(200),
+            "{d:?}"
+        );
+        seen.insert(d);
+    }
+    assert!(seen.len() > 10);
+    // Seeded: the same pair gives the same delays.
+    let a: Vec<Duration> = (0..5)
+        .map(|_| Jitter::new(3, 4).spread(BACKOFF_MAX))
+        .collect();
+    let b: Vec<Duration> = (0..5)
+        .map(|_| Jitter::new(3, 4).spread(BACKOFF_MAX))
+        .collect();
+    assert_eq!(a, b);
+}
