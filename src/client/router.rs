@@ -182,6 +182,7 @@ impl Router {
                 }
                 Err(e) => return Err(e),
             };
+            tracing::debug!(shard, %addr, attempt, "retrying: {error}");
             if Instant::now() >= deadline {
                 return Err(error);
             }
@@ -203,7 +204,12 @@ impl Router {
             if self.members.borrow().len() == 1 {
                 self.learn(&client).await;
             }
-            call(client).await
+            // A reply needs its connection alive: `call` may drop its handle once the request
+            // is sent, and the map's may have been replaced by a concurrent connect.
+            let keep = client.clone();
+            let result = call(client).await;
+            drop(keep);
+            result
         };
         futures_lite::future::or(attempt, async {
             glommio::timer::sleep(timeout).await;

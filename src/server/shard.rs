@@ -266,7 +266,11 @@ impl Shard {
         let (tx, rx) = oneshot::channel();
         let request = make(tx);
         if owner == self.id {
-            self.handle(request).await;
+            // In a task of its own, as a peer's request is: a caller that goes away (its client
+            // disconnected) must not cancel a publish between its keys being assigned and its
+            // commit being noted, which would stall the topic's dispatch for good.
+            let shard = self.clone();
+            glommio::spawn_local(async move { shard.handle(request).await }).detach();
         } else {
             self.send_to(owner, ShardMsg::Request(request)).await?;
         }
