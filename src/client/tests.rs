@@ -203,6 +203,7 @@ impl broker::Server for FakeBroker {
             host: "127.0.0.1".into(),
             port: self.port,
             cpu: 0,
+            ..ShardInfo::default()
         }];
         rpc::write_topology(results.get().init_shards(1), &shards);
         std::future::ready(Ok(()))

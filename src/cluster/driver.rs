@@ -44,6 +44,7 @@ use super::replica::{
 use crate::key::Key;
 use crate::log::{recovery, Command, Wal};
 use crate::message::Value;
+use crate::metrics::{RaftFigures, RaftRecorder, BATCH_BUCKETS, LATENCY_BUCKETS_S};
 use crate::storage::engine::{Engine, LsmEnv, LsmStats, Opened};
 use crate::storage::io as dio;
 use crate::storage::{LsmOptions, Store, StoreError, Sync};
@@ -76,6 +77,7 @@ struct Waiter {
 struct WalSink<'a> {
     wal: &'a Wal,
     index: &'a RefCell<VecDeque<(u64, u64)>>,
+    recorder: &'a RefCell<RaftRecorder>,
 }
 
 impl RecordSink for WalSink<'_> {
@@ -83,6 +85,12 @@ impl RecordSink for WalSink<'_> {
 
     fn append(&mut self, record: &RaftRecord) -> Result<u64, StoreError> {
         let seq = self.wal.append(record)?;
+        if let RaftRecord::Entries { entries, .. } = record {
+            self.recorder
+                .borrow_mut()
+                .append_batch_entries
+                .record(entries.len() as u64);
+        }
         self.index
             .borrow_mut()
             .push_back((seq, record.last_index()));
@@ -109,6 +117,8 @@ pub struct ReplicatedStore {
     wal_bytes_max: u64,
     closed: Cell<bool>,
     messages_dropped: Cell<u64>,
+    leader_changes: Cell<u64>,
+    recorder: RefCell<RaftRecorder>,
 }
 
 impl ReplicatedStore {
@@ -171,6 +181,8 @@ impl ReplicatedStore {
             wal_bytes_max,
             closed: Cell::new(false),
             messages_dropped: Cell::new(0),
+            leader_changes: Cell::new(0),
+            recorder: RefCell::new(RaftRecorder::default()),
         })
     }
 
@@ -265,6 +277,7 @@ impl ReplicatedStore {
                 let mut sink = WalSink {
                     wal: &self.wal,
                     index: &self.record_index,
+                    recorder: &self.recorder,
                 };
                 self.replica.borrow_mut().next_work(&mut sink)?
             };
@@ -361,6 +374,9 @@ impl ReplicatedStore {
         let now = (replica.role(), replica.serving());
         drop(replica);
         if now != self.role.get() {
+            if now.0.leader_id != self.role.get().0.leader_id && now.0.leader_id != 0 {
+                self.leader_changes.set(self.leader_changes.get() + 1);
+            }
             self.role.set(now);
             self.role_changed.notify();
         }
@@ -396,7 +412,34 @@ impl ReplicatedStore {
             .borrow_mut()
             .insert(index, Waiter { term, done });
         self.kick();
-        wait.await.map_err(|_| StoreError::LeadershipLost)?
+        let started = std::time::Instant::now();
+        let result = wait.await.map_err(|_| StoreError::LeadershipLost)?;
+        if result.is_ok() {
+            let us = started.elapsed().as_micros() as u64;
+            self.recorder.borrow_mut().commit_latency.record(us);
+        }
+        result
+    }
+
+    /// This replica's figures for `/metrics`.
+    pub fn raft_figures(&self) -> RaftFigures {
+        let status = self.status();
+        let recorder = self.recorder.borrow();
+        RaftFigures {
+            term: status.term,
+            serving: status.serving,
+            commit: status.commit,
+            applied: status.applied,
+            leader_changes: self.leader_changes.get(),
+            messages_dropped: self.messages_dropped.get(),
+            commit_latency: recorder.commit_latency.snapshot(LATENCY_BUCKETS_S),
+            append_batch_entries: recorder.append_batch_entries.snapshot(BATCH_BUCKETS),
+            follower_lag: status
+                .followers
+                .iter()
+                .map(|f| (f.id, status.commit.saturating_sub(f.matched)))
+                .collect(),
+        }
     }
 
     /// Compacts the log after each engine flush. See the module docs.

@@ -12,7 +12,7 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::{HistogramSnapshot, MetricsSlots, ShardSnapshot, StorageFigures};
+use super::{RaftFigures, HistogramSnapshot, MetricsSlots, ShardSnapshot, StorageFigures};
 
 /// The collector over every shard's slot.
 #[derive(Debug)]
@@ -288,6 +288,7 @@ impl Collector for ShardCollector {
                     .encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)?;
             }
         }
+        encode_raft(&mut encoder, &shards)?;
         let storage: Vec<(&str, &StorageFigures)> = shards
             .iter()
             .filter_map(|(shard, snap)| snap.storage.as_ref().map(|f| (shard.as_str(), f)))
@@ -313,6 +314,101 @@ impl Collector for ShardCollector {
         }
         Ok(())
     }
+}
+
+type RaftRead = fn(&RaftFigures) -> u64;
+
+const RAFT_GAUGES: &[(&str, &str, RaftRead)] = &[
+    ("pinq_raft_term", "The shard's Raft term on this node.", |f| f.term),
+    (
+        "pinq_raft_leader",
+        "1 while this node leads and serves the shard.",
+        |f| u64::from(f.serving),
+    ),
+    ("pinq_raft_commit_index", "Highest log index known committed.", |f| f.commit),
+    ("pinq_raft_applied_index", "Highest log index applied here.", |f| f.applied),
+];
+
+const RAFT_COUNTERS: &[(&str, &str, RaftRead)] = &[
+    (
+        "pinq_raft_leader_changes",
+        "Changes of the shard's leader seen by this node.",
+        |f| f.leader_changes,
+    ),
+    (
+        "pinq_raft_messages_dropped",
+        "Raft messages for peers dropped on the way to the transport (Raft retransmits).",
+        |f| f.messages_dropped,
+    ),
+];
+
+type RaftHistogram = fn(&RaftFigures) -> &crate::metrics::HistogramSnapshot;
+
+const RAFT_HISTOGRAMS: &[(&str, &str, RaftHistogram)] = &[
+    (
+        "pinq_raft_commit_latency_seconds",
+        "A proposal on the leader → committed by a quorum and applied.",
+        |f| &f.commit_latency,
+    ),
+    (
+        "pinq_raft_append_batch_entries",
+        "Entries per record appended to the Raft log (one per Ready).",
+        |f| &f.append_batch_entries,
+    ),
+];
+
+/// The `pinq_raft_*` families, for shards that have a replica (none standalone).
+fn encode_raft(
+    encoder: &mut DescriptorEncoder,
+    shards: &[(String, ShardSnapshot)],
+) -> Result<(), std::fmt::Error> {
+    let raft: Vec<(&str, &RaftFigures)> = shards
+        .iter()
+        .filter_map(|(shard, snap)| snap.raft.as_ref().map(|f| (shard.as_str(), f)))
+        .collect();
+    if raft.is_empty() {
+        return Ok(());
+    }
+    for (name, help, read) in RAFT_GAUGES {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (shard, f) in &raft {
+            family
+                .encode_family(&[("shard", *shard)])?
+                .encode_gauge(&read(f))?;
+        }
+    }
+    for (name, help, read) in RAFT_COUNTERS {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (shard, f) in &raft {
+            family
+                .encode_family(&[("shard", *shard)])?
+                .encode_counter::<NoLabelSet, _, u64>(&read(f), None)?;
+        }
+    }
+    for (name, help, read) in RAFT_HISTOGRAMS {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+        for (shard, f) in &raft {
+            let h = read(f);
+            family
+                .encode_family(&[("shard", *shard)])?
+                .encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)?;
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "pinq_raft_follower_lag_entries",
+        "Leader only: committed entries a follower does not have yet.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (shard, f) in &raft {
+        for (peer, lag) in &f.follower_lag {
+            let peer = peer.to_string();
+            family
+                .encode_family(&[("shard", *shard), ("peer", peer.as_str())])?
+                .encode_gauge(lag)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

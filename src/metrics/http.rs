@@ -14,6 +14,26 @@ use std::thread::JoinHandle;
 use super::encode::render;
 use super::MetricsSlots;
 
+/// In a cluster, which shards this node leads (from the shards' latest snapshots): a load
+/// balancer or an operator can tell a leader from a follower. Empty for a standalone broker.
+fn leadership(slots: &MetricsSlots) -> String {
+    let shards = slots.read();
+    if !shards.iter().flatten().any(|s| s.raft.is_some()) {
+        return String::new();
+    }
+    let led: Vec<String> = shards
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.as_ref().and_then(|s| s.raft.as_ref()).is_some_and(|r| r.serving))
+        .map(|(i, _)| i.to_string())
+        .collect();
+    if led.is_empty() {
+        "; cluster member, leader of no shard".to_string()
+    } else {
+        format!("; cluster member, leader of shard(s) {}", led.join(","))
+    }
+}
+
 /// The content type of the OpenMetrics text format that `prometheus-client` writes.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -83,7 +103,7 @@ fn serve(
                 } else if !serving.load(Ordering::Relaxed) {
                     text(503, "starting\n".into(), "text/plain")
                 } else {
-                    text(200, "ok\n".into(), "text/plain")
+                    text(200, format!("ok{}\n", leadership(slots)), "text/plain")
                 }
             }
             _ => text(

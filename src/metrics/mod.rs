@@ -192,6 +192,41 @@ impl From<&crate::storage::engine::LsmStats> for StorageFigures {
     }
 }
 
+/// Raft figures of one shard's replica, in a cluster.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RaftFigures {
+    pub term: u64,
+    /// This replica leads and serves the shard.
+    pub serving: bool,
+    pub commit: u64,
+    pub applied: u64,
+    /// Times this replica saw the shard's leader change.
+    pub leader_changes: u64,
+    /// Raft messages for peers dropped because the way to the transport was full.
+    pub messages_dropped: u64,
+    /// A proposal → its entry committed and applied here (leader only).
+    pub commit_latency: HistogramSnapshot,
+    /// Entries per log record written (one record per Ready).
+    pub append_batch_entries: HistogramSnapshot,
+    /// Leader only: entries each follower lacks of the commit index, by peer node id.
+    pub follower_lag: Vec<(u64, u64)>,
+}
+
+/// A replica's histograms (see [`RaftFigures`]); lives in the replicated store.
+pub struct RaftRecorder {
+    pub commit_latency: Recorded,
+    pub append_batch_entries: Recorded,
+}
+
+impl Default for RaftRecorder {
+    fn default() -> RaftRecorder {
+        RaftRecorder {
+            commit_latency: Recorded::new(LATENCY_US_MAX, 1e6),
+            append_batch_entries: Recorded::new(BATCH_KEYS_MAX, 1.0),
+        }
+    }
+}
+
 /// Everything a scrape shows of one shard.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ShardSnapshot {
@@ -199,6 +234,8 @@ pub struct ShardSnapshot {
     pub histograms: RecorderSnapshot,
     /// `None` for engines without figures (the in-memory store): nothing is exported then.
     pub storage: Option<StorageFigures>,
+    /// `None` for a standalone broker.
+    pub raft: Option<RaftFigures>,
 }
 
 /// One slot per shard; `None` until the shard's first snapshot.

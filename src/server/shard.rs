@@ -450,7 +450,7 @@ impl Shard {
         while let Some(messages) = outbox.recv().await {
             if self.id == 0 {
                 self.send_to_peers(0, messages);
-            } else if let Some(Some(peer)) = self.peers.get(0) {
+            } else if let Some(Some(peer)) = self.peers.first() {
                 let _ = peer.try_send(ShardMsg::RaftOut {
                     shard: self.id,
                     messages,
@@ -775,6 +775,7 @@ impl Shard {
             stats: self.core.borrow().stats(),
             histograms: self.recorder.borrow().snapshot(),
             storage: self.store.storage_figures(),
+            raft: self.replicated().map(|r| r.raft_figures()),
         };
         slots.publish(self.id, snapshot);
     }

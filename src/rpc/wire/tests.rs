@@ -331,12 +331,16 @@ fn topology_and_stats_round_trip() {
             host: "127.0.0.1".into(),
             port: 7401,
             cpu: 0,
+            ..ShardInfo::default()
         },
         ShardInfo {
             shard_id: 1,
             host: "127.0.0.1".into(),
             port: 7402,
             cpu: 1,
+            leader_node_id: 2,
+            term: 7,
+            leader_address: "127.0.0.1:7420".into(),
         },
     ];
     let mut message = Builder::new_default();
