@@ -24,7 +24,9 @@ use hdrhistogram::Histogram;
 use super::plan::{Plan, Stamp};
 use super::report::latency_histogram;
 use super::tracker::{Tally, Tracker};
-use crate::client::{AckLevel, Client, ClientError, Pending, PublishMessage, Subscription};
+use crate::client::{
+    AckLevel, Client, ClientError, Pending, PublishMessage, Router, RouterOptions, Subscription,
+};
 
 /// How often an idle consumer or the main thread looks at the stop flag and the counts.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -345,9 +347,14 @@ async fn client_thread(
     // One topic: talk to its owner shard directly, as a client that cares about latency does.
     let first_topic = plan.topic(0);
     let connect = || async {
-        let client = Client::connect(addr.as_str())
+        // In a cluster the first topic's shard may be led by another node than `addr`.
+        let router = Router::connect(addr.as_str(), RouterOptions::default())
             .await
             .with_context(|| format!("connecting to {addr}"))?;
+        let client = router
+            .client_for(router.shard_of(&first_topic))
+            .await
+            .with_context(|| format!("finding the leader of {first_topic} from {addr}"))?;
         if plan.topics == 1 && client.server().shard_count > 1 {
             return client
                 .connect_to_owner(&first_topic)

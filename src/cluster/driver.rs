@@ -382,8 +382,9 @@ impl ReplicatedStore {
         }
     }
 
-    /// Proposes `command` and waits until it is committed and applied here.
-    async fn propose(&self, command: &Command) -> Result<u64, StoreError> {
+    /// Proposes `command` and waits until it is committed and applied here; `appended` runs
+    /// once the leader has taken it into its log.
+    async fn propose(&self, command: &Command, appended: impl FnOnce()) -> Result<u64, StoreError> {
         let data = command.to_bytes();
         if data.len() > self.config.entry_bytes_max {
             return Err(StoreError::TooLarge {
@@ -412,6 +413,7 @@ impl ReplicatedStore {
             .borrow_mut()
             .insert(index, Waiter { term, done });
         self.kick();
+        appended();
         let started = std::time::Instant::now();
         let result = wait.await.map_err(|_| StoreError::LeadershipLost)?;
         if result.is_ok() {
@@ -536,11 +538,36 @@ fn raft_error(dir: &Path, e: raft::Error) -> StoreError {
 }
 
 impl Store for ReplicatedStore {
-    async fn commit(&self, command: &Command, _sync: Sync) -> Result<u64, StoreError> {
+    async fn commit(&self, command: &Command, sync: Sync) -> Result<u64, StoreError> {
+        self.commit_accepting(command, sync, || {}).await
+    }
+
+    /// `Sync::Buffered` (the `leader` ack level) is accepted once the leader has appended the
+    /// entry; every command resolves once a quorum has it and it is applied here.
+    async fn commit_accepting(
+        &self,
+        command: &Command,
+        sync: Sync,
+        accepted: impl FnOnce(),
+    ) -> Result<u64, StoreError> {
         if command.is_empty() {
+            accepted();
             return Ok(self.replica.borrow().applied());
         }
-        self.propose(command).await
+        let mut accepted = Some(accepted);
+        let index = self
+            .propose(command, || {
+                if sync == Sync::Buffered {
+                    if let Some(f) = accepted.take() {
+                        f();
+                    }
+                }
+            })
+            .await?;
+        if let Some(f) = accepted.take() {
+            f();
+        }
+        Ok(index)
     }
 
     async fn scan(

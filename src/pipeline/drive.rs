@@ -36,6 +36,20 @@ pub async fn publish<S: Store>(
     now_ms: u64,
     batch: ValidatedBatch,
 ) -> Result<Vec<EventKey>, PublishFailure> {
+    publish_accepting(core, store, now_ms, batch, |_| {}).await
+}
+
+/// [`publish`], calling `accepted` with the tags as soon as the store has accepted the batch
+/// at a `leader` or `none` ack level (in a cluster: appended on the leader, before a quorum
+/// has it), so the shell can answer the client then. The core learns of the batch only once it
+/// is applied, as for every publish.
+pub async fn publish_accepting<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    now_ms: u64,
+    batch: ValidatedBatch,
+    accepted: impl FnOnce(Vec<EventKey>),
+) -> Result<Vec<EventKey>, PublishFailure> {
     let ack = batch.ack();
     let batch = core.borrow_mut().prepare_publish(now_ms, batch);
     let sync = if ack == AckLevel::Durable {
@@ -43,7 +57,16 @@ pub async fn publish<S: Store>(
     } else {
         Sync::Buffered
     };
-    match store.commit(&batch.command(), sync).await {
+    let early = (sync == Sync::Buffered).then(|| batch.tags());
+    let on_accepted = move || {
+        if let Some(tags) = early {
+            accepted(tags);
+        }
+    };
+    match store
+        .commit_accepting(&batch.command(), sync, on_accepted)
+        .await
+    {
         Ok(_) => {
             core.borrow_mut().on_publish_applied(&batch);
             Ok(batch.tags())

@@ -304,7 +304,16 @@ impl Shard {
                 }
                 let in_progress = InProgress::enter(&self.publishing);
                 let started = Instant::now();
-                let result = drive::publish(&self.core, &self.store, now_ms(), batch).await;
+                // `leader` in a cluster is answered once the leader appended the batch, before
+                // its commit; everything else once the store resolved.
+                let reply = RefCell::new(Some(reply));
+                let result = drive::publish_accepting(&self.core, &self.store, now_ms(), batch, |tags| {
+                    if let Some(reply) = reply.borrow_mut().take() {
+                        let _ = reply.send(Ok(tags));
+                    }
+                })
+                .await;
+                let reply = reply.into_inner();
                 drop(in_progress);
                 if let Err(drive::PublishFailure::Store(e)) = &result {
                     self.on_store_error("a publish", e);
@@ -314,7 +323,9 @@ impl Shard {
                     self.recorder.borrow_mut().publish_latency.record(us);
                 }
                 self.dispatcher.kick();
-                let _ = reply.send(result.map_err(|e| self.publish_refusal(e)));
+                if let Some(reply) = reply {
+                    let _ = reply.send(result.map_err(|e| self.publish_refusal(e)));
+                }
             }
             Request::Subscribe {
                 topic,

@@ -135,6 +135,22 @@ impl Store for ShardStore {
         }
     }
 
+    async fn commit_accepting(
+        &self,
+        command: &Command,
+        sync: Sync,
+        accepted: impl FnOnce(),
+    ) -> Result<u64, StoreError> {
+        match self {
+            ShardStore::Replicated(s) => s.commit_accepting(command, sync, accepted).await,
+            other => {
+                let index = other.commit(command, sync).await?;
+                accepted();
+                Ok(index)
+            }
+        }
+    }
+
     fn event_id_high_water(&self) -> u64 {
         match self {
             ShardStore::Memory(s) => s.event_id_high_water(),

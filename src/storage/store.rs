@@ -163,6 +163,23 @@ pub trait Store {
         sync: Sync,
     ) -> impl Future<Output = Result<u64, StoreError>>;
 
+    /// [`Store::commit`], calling `accepted` once the command has reached what `Sync::Buffered`
+    /// promises, which may be before it is applied: a replicated store accepts a command when
+    /// its leader has appended it, and applies it once a quorum has. Standalone stores accept
+    /// and apply at once, so by default `accepted` runs when `commit` resolves successfully.
+    fn commit_accepting(
+        &self,
+        command: &Command,
+        sync: Sync,
+        accepted: impl FnOnce(),
+    ) -> impl Future<Output = Result<u64, StoreError>> {
+        async move {
+            let index = self.commit(command, sync).await?;
+            accepted();
+            Ok(index)
+        }
+    }
+
     /// The highest event id any committed command assigned (0 for a new store).
     fn event_id_high_water(&self) -> u64;
 
