@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 
-use raft::eraftpb::{Entry, EntryType, Message, Snapshot};
+use raft::eraftpb::{Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole};
 
 use super::raft_log::RaftLog;
@@ -201,9 +201,35 @@ impl Replica {
     /// dropped by the core (Raft tolerates loss).
     pub fn step(&mut self, message: Message) -> Result<(), raft::Error> {
         let before = self.term_and_state();
+        let rejected_by = (message.get_msg_type() == MessageType::MsgAppendResponse
+            && message.reject)
+            .then_some(message.from);
         let result = self.node.step(message);
+        if let Some(follower) = rejected_by {
+            self.keep_next_past_match(follower);
+        }
         self.redraw_if_reset(before);
         result
+    }
+
+    /// After a rejected append: raft-rs 0.7 lowers a probed follower's next index to
+    /// `min(rejected, hint + 1)` without the floor etcd's raft has (`max(…, match + 1)`,
+    /// `tracker/progress.go`), so a late or duplicated rejection can put it at or below what the
+    /// follower is known to hold. With the whole log that only resends entries; once the log is
+    /// compacted through the follower's match, the leader wants a snapshot (which `RaftLog`
+    /// cannot build), sends nothing more, and the follower never catches up. Found by
+    /// `tests/cluster_sim.rs` (compaction, seed 34).
+    fn keep_next_past_match(&mut self, follower: u64) {
+        if self.node.raft.state != StateRole::Leader {
+            return;
+        }
+        let Some(progress) = self.node.raft.mut_prs().get_mut(follower) else {
+            return;
+        };
+        if progress.next_idx <= progress.matched {
+            progress.next_idx = progress.matched + 1;
+            self.node.raft.send_append(follower);
+        }
     }
 
     /// Starts an election now (tests, and a leader transfer later).
