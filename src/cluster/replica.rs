@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 
-use raft::eraftpb::{Entry, EntryType, Message, Snapshot};
+use raft::eraftpb::{Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole};
 
 use super::raft_log::RaftLog;
@@ -111,6 +111,9 @@ pub struct Replica {
     leader_start: Option<u64>,
     applied: u64,
     last_role: Role,
+    /// State of the seeded generator of election timeouts, once
+    /// [`Replica::seed_election_timeouts`] was called (else the raft core draws them itself).
+    election_seed: Option<u64>,
 }
 
 impl Replica {
@@ -147,22 +150,94 @@ impl Replica {
             leader_start: None,
             applied,
             last_role,
+            election_seed: None,
         })
     }
 
+    /// Draws every later election timeout from a generator seeded with `seed` instead of the
+    /// raft core's `thread_rng`, so a simulation replays a seed exactly (randomness is
+    /// injected). The range is the core's own, `[election_ticks, 2 × election_ticks)`.
+    pub fn seed_election_timeouts(&mut self, seed: u64) {
+        self.election_seed = Some(seed);
+        self.draw_election_timeout();
+    }
+
+    /// The core redraws its election timeout in `reset`, which runs only when the term or the
+    /// role changes (`become_follower`/`candidate`/`leader`). So a change of either across a
+    /// call is when to draw ours over it: never less often than the core (entering
+    /// pre-candidacy also redraws, which is harmless), so none of its draws survives.
+    fn redraw_if_reset(&mut self, before: (u64, StateRole)) {
+        if self.election_seed.is_some() && before != self.term_and_state() {
+            self.draw_election_timeout();
+        }
+    }
+
+    fn draw_election_timeout(&mut self) {
+        let Some(state) = self.election_seed.as_mut() else {
+            return;
+        };
+        // splitmix64: small, and good enough to spread timeouts.
+        *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let min = self.node.raft.election_timeout();
+        let ticks = min + (z % min as u64) as usize;
+        self.node.raft.set_randomized_election_timeout(ticks);
+    }
+
+    fn term_and_state(&self) -> (u64, StateRole) {
+        (self.node.raft.term, self.node.raft.state)
+    }
+
     pub fn tick(&mut self) {
+        let before = self.term_and_state();
         self.node.tick();
+        self.redraw_if_reset(before);
     }
 
     /// Takes a message from a peer. Messages for another group member, or stale ones, are
     /// dropped by the core (Raft tolerates loss).
     pub fn step(&mut self, message: Message) -> Result<(), raft::Error> {
-        self.node.step(message)
+        let before = self.term_and_state();
+        let rejected_by = (message.get_msg_type() == MessageType::MsgAppendResponse
+            && message.reject)
+            .then_some(message.from);
+        let result = self.node.step(message);
+        if let Some(follower) = rejected_by {
+            self.keep_next_past_match(follower);
+        }
+        self.redraw_if_reset(before);
+        result
+    }
+
+    /// After a rejected append: raft-rs 0.7 lowers a probed follower's next index to
+    /// `min(rejected, hint + 1)` without the floor etcd's raft has (`max(…, match + 1)`,
+    /// `tracker/progress.go`), so a late or duplicated rejection can put it at or below what the
+    /// follower is known to hold. With the whole log that only resends entries; once the log is
+    /// compacted through the follower's match, the leader wants a snapshot (which `RaftLog`
+    /// cannot build), sends nothing more, and the follower never catches up. Found by
+    /// `tests/cluster_sim.rs` (compaction, seed 34).
+    fn keep_next_past_match(&mut self, follower: u64) {
+        if self.node.raft.state != StateRole::Leader {
+            return;
+        }
+        let Some(progress) = self.node.raft.mut_prs().get_mut(follower) else {
+            return;
+        };
+        if progress.next_idx <= progress.matched {
+            progress.next_idx = progress.matched + 1;
+            self.node.raft.send_append(follower);
+        }
     }
 
     /// Starts an election now (tests, and a leader transfer later).
     pub fn campaign(&mut self) -> Result<(), raft::Error> {
-        self.node.campaign()
+        let before = self.term_and_state();
+        let result = self.node.campaign();
+        self.redraw_if_reset(before);
+        result
     }
 
     /// Appends `data` (an encoded command) as a new entry; returns its term and index. Only a
