@@ -53,6 +53,8 @@ use crate::storage::{LsmOptions, Store, StoreError, Sync};
 /// proposers wait (the leader's side of the bound; followers are bounded by Raft's in-flight
 /// window).
 pub const PROPOSAL_BYTES_MAX: u64 = 8 << 20;
+/// Keys read per page while building or installing a snapshot.
+const SNAPSHOT_PAGE_KEYS: usize = 4096;
 /// Raft messages queued for the transport before new ones are dropped (Raft retries).
 pub const OUTBOX_MESSAGES_MAX: usize = 4096;
 
@@ -119,6 +121,12 @@ pub struct ReplicatedStore {
     messages_dropped: Cell<u64>,
     leader_changes: Cell<u64>,
     recorder: RefCell<RaftRecorder>,
+    /// A snapshot is being built for a follower.
+    building_snapshot: Cell<bool>,
+    snapshots_sent: Cell<u64>,
+    snapshots_installed: Cell<u64>,
+    /// Leader only: when each peer was last heard from (responses to appends and heartbeats).
+    heard: RefCell<BTreeMap<u64, std::time::Instant>>,
 }
 
 impl ReplicatedStore {
@@ -183,6 +191,10 @@ impl ReplicatedStore {
             messages_dropped: Cell::new(0),
             leader_changes: Cell::new(0),
             recorder: RefCell::new(RaftRecorder::default()),
+            building_snapshot: Cell::new(false),
+            snapshots_sent: Cell::new(0),
+            snapshots_installed: Cell::new(0),
+            heard: RefCell::new(BTreeMap::new()),
         })
     }
 
@@ -204,9 +216,35 @@ impl ReplicatedStore {
 
     /// A Raft message from a peer's replica of this shard.
     pub fn step(&self, message: Message) {
+        let from = message.from;
         if self.replica.borrow_mut().step(message).is_ok() {
+            self.heard
+                .borrow_mut()
+                .insert(from, std::time::Instant::now());
             self.kick();
         }
+    }
+
+    /// Whether this leader may still act as the only one: a quorum (itself included) was heard
+    /// from within half an election timeout. A new leader needs the followers to miss a whole
+    /// election timeout of this one's heartbeats first, so a leader cut off from its peers
+    /// stops dispatching before another can start: no copy is handed out by a deposed leader
+    /// after a newer one committed its delete.
+    pub fn lease_valid(&self) -> bool {
+        let lease = self.config.tick * (self.config.replica.election_ticks as u32) / 2;
+        let voters = &self.config.replica.voters;
+        let now = std::time::Instant::now();
+        let heard = self.heard.borrow();
+        let recent = voters
+            .iter()
+            .filter(|id| **id != self.config.replica.id)
+            .filter(|id| {
+                heard
+                    .get(id)
+                    .is_some_and(|t| now.duration_since(*t) < lease)
+            })
+            .count();
+        recent + 1 > voters.len() / 2
     }
 
     /// This replica's role and whether it serves (leads and has caught up).
@@ -235,6 +273,10 @@ impl ReplicatedStore {
                 self.fail_waiters(&e);
                 tracing::error!("raft driver: {e}");
                 return;
+            }
+            if self.replica.borrow().snapshot_wanted() && !self.building_snapshot.get() {
+                self.building_snapshot.set(true);
+                glommio::spawn_local(Rc::clone(&self).build_snapshot()).detach();
             }
             let now = std::time::Instant::now();
             if now >= next_tick {
@@ -285,16 +327,10 @@ impl ReplicatedStore {
                 self.note_role();
                 return Ok(());
             };
-            if work.snapshot.is_some() {
-                return Err(crate::storage::io_error(
-                    self.engine.dir(),
-                    std::io::Error::other(
-                        "the leader sent a snapshot, which this build cannot install yet: \
-                         restart this node with an empty data directory for the shard",
-                    ),
-                ));
-            }
             self.send(work.messages);
+            if let Some(snapshot) = work.snapshot {
+                self.install_snapshot(snapshot, work.deferred).await?;
+            }
             if work.role.is_some_and(|r| !r.leader) {
                 self.fail_waiters(&StoreError::LeadershipLost);
             }
@@ -303,13 +339,151 @@ impl ReplicatedStore {
         }
     }
 
+    /// Builds a snapshot of the state machine at the applied index for a follower the log no
+    /// longer reaches, and offers it to the raft core (see `super::snapshot`).
+    async fn build_snapshot(self: Rc<Self>) {
+        let result = self.snapshot_data().await;
+        self.building_snapshot.set(false);
+        match result {
+            Ok(Some(snapshot)) => {
+                tracing::info!(
+                    dir = %self.engine.dir().display(),
+                    index = snapshot.get_metadata().index,
+                    bytes = snapshot.data.len(),
+                    "snapshot built for a follower behind the log"
+                );
+                self.replica.borrow_mut().offer_snapshot(snapshot);
+                self.kick();
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(dir = %self.engine.dir().display(), "cannot build a snapshot for a follower: {e}")
+            }
+        }
+    }
+
+    async fn snapshot_data(&self) -> Result<Option<raft::eraftpb::Snapshot>, String> {
+        let Some((index, term, conf_state)) = self.replica.borrow().snapshot_point() else {
+            return Ok(None);
+        };
+        let mut writer = super::snapshot::SnapshotWriter::new(self.config.entry_bytes_max);
+        let mut start: Key = Key::new();
+        loop {
+            let rows = self
+                .engine
+                .scan(&start, None, SNAPSHOT_PAGE_KEYS)
+                .await
+                .map_err(|e| e.to_string())?;
+            let Some((last, _)) = rows.last() else { break };
+            start = last.clone();
+            start.push(0);
+            let full = rows.len() == SNAPSHOT_PAGE_KEYS;
+            let messages = rows
+                .into_iter()
+                .filter_map(|(k, v)| crate::key::EventKey::parse(&k).ok().map(|k| (k, v)))
+                .collect();
+            writer
+                .push(&Command::Store {
+                    messages,
+                    event_id_high_water: self.engine.event_id_high_water(),
+                })
+                .map_err(|e| e.to_string())?;
+            if !full {
+                break;
+            }
+            glommio::yield_if_needed().await;
+        }
+        writer
+            .push(&Command::Store {
+                messages: Vec::new(),
+                event_id_high_water: self.engine.event_id_high_water(),
+            })
+            .map_err(|e| e.to_string())?;
+        let mut snapshot = raft::eraftpb::Snapshot {
+            data: writer.finish().into(),
+            ..Default::default()
+        };
+        let meta = snapshot.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(conf_state);
+        Ok(Some(snapshot))
+    }
+
+    /// A follower installs the leader's snapshot: everything it held goes, the snapshot's
+    /// messages come in, the engine flushes (its tables then hold the snapshot's index), and
+    /// only then are the checkpoint and the Ready's other records written to the log.
+    async fn install_snapshot(
+        &self,
+        snapshot: raft::eraftpb::Snapshot,
+        deferred: Vec<RaftRecord>,
+    ) -> Result<(), StoreError> {
+        let index = snapshot.get_metadata().index;
+        let corrupt = |what: String| StoreError::Corrupt {
+            file: format!("snapshot at index {index} from the leader"),
+            what,
+        };
+        let commands = super::snapshot::decode(&snapshot.data).map_err(corrupt)?;
+        loop {
+            let rows = self.engine.scan(&[], None, SNAPSHOT_PAGE_KEYS).await?;
+            if rows.is_empty() {
+                break;
+            }
+            let keys = rows
+                .into_iter()
+                .filter_map(|(k, _)| crate::key::EventKey::parse(&k).ok())
+                .collect::<Vec<_>>();
+            if keys.is_empty() {
+                break;
+            }
+            self.apply_one(index, &Command::Delete { keys }).await?;
+        }
+        for command in &commands {
+            self.apply_one(index, command).await?;
+        }
+        self.engine.flush().await?;
+        let mut last = 0;
+        for record in &deferred {
+            last = self.wal.append(record)?;
+            self.record_index
+                .borrow_mut()
+                .push_back((last, record.last_index()));
+        }
+        self.replica.borrow_mut().snapshot_written(index, last);
+        self.snapshots_installed
+            .set(self.snapshots_installed.get() + 1);
+        tracing::info!(dir = %self.engine.dir().display(), index, commands = commands.len(), "installed a snapshot from the leader");
+        Ok(())
+    }
+
+    async fn apply_one(&self, index: u64, command: &Command) -> Result<(), StoreError> {
+        let turn = self.engine.admit().await?;
+        let froze = self.engine.apply(index, command);
+        if froze {
+            self.wal.roll();
+        }
+        drop(turn);
+        Ok(())
+    }
+
     fn send(&self, messages: Vec<Message>) {
         if messages.is_empty() {
             return;
         }
         let n = messages.len() as u64;
+        let snapshots: Vec<u64> = messages
+            .iter()
+            .filter(|m| m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot)
+            .map(|m| m.to)
+            .collect();
         if self.outbox.try_send(messages).is_err() {
             self.messages_dropped.set(self.messages_dropped.get() + n);
+        }
+        for to in snapshots {
+            // Sent or dropped, the leader probes the follower again: a lost snapshot makes it
+            // reject, and the core asks for one again.
+            self.snapshots_sent.set(self.snapshots_sent.get() + 1);
+            self.replica.borrow_mut().snapshot_sent(to);
         }
     }
 

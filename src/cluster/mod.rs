@@ -18,6 +18,7 @@ pub mod driver;
 pub mod raft_log;
 pub mod record;
 pub mod replica;
+pub mod snapshot;
 pub mod transport;
 pub mod view;
 pub mod wire;

@@ -26,6 +26,11 @@ pub struct RaftLog {
     base_term: u64,
     entries: VecDeque<Entry>,
     entry_bytes: usize,
+    /// A snapshot of the state machine the shell built for a follower that fell behind the
+    /// compaction point (the raft core asks through `Storage::snapshot`, which cannot wait).
+    prepared: Option<Snapshot>,
+    /// The core asked for a snapshot and none was ready: the shell should build one.
+    wanted: std::cell::Cell<bool>,
 }
 
 impl RaftLog {
@@ -135,6 +140,24 @@ impl RaftLog {
         Ok(())
     }
 
+    /// Whether the raft core asked for a snapshot none was ready for (and forgets the ask).
+    pub fn take_snapshot_wanted(&self) -> bool {
+        self.wanted.replace(false)
+    }
+
+    /// The snapshot the next `Storage::snapshot` call hands out.
+    pub fn set_prepared(&mut self, snapshot: Option<Snapshot>) {
+        self.prepared = snapshot;
+    }
+
+    pub fn prepared_index(&self) -> Option<u64> {
+        self.prepared.as_ref().map(|s| s.get_metadata().index)
+    }
+
+    pub fn conf_state(&self) -> &ConfState {
+        &self.conf_state
+    }
+
     /// Replaces the whole log with a snapshot's point: nothing at or below it is held, and the
     /// next entry is `index + 1`.
     pub fn reset_to(&mut self, index: u64, term: u64) {
@@ -151,7 +174,7 @@ impl RaftLog {
                 hard_state,
                 entries,
             } => {
-                self.append(entries)?;
+                self.replay_entries(entries)?;
                 self.merge_hard_state(hard_state);
             }
             RaftRecord::HardState(hard_state) => self.merge_hard_state(hard_state),
@@ -160,15 +183,39 @@ impl RaftLog {
                 term,
                 hard_state,
             } => {
-                if *index > self.last_index() || self.entry_term(*index) != Some(*term) {
+                if *index > self.last_index() || *index < self.base_index {
+                    // A snapshot's point past everything held (or a stale one): start there.
                     self.reset_to(*index, *term);
-                } else {
+                } else if *index == self.base_index {
+                    // Confirms a provisional base (see `replay_entries`).
+                    self.base_term = *term;
+                } else if self.entry_term(*index) == Some(*term) {
                     self.compact_to(*index)?;
+                } else {
+                    self.reset_to(*index, *term);
                 }
                 self.merge_hard_state(hard_state);
             }
         }
         Ok(())
+    }
+
+    /// Recovery's append: the WAL's oldest segments may have been dropped after a checkpoint
+    /// (which comes later in the log), so the first entries read may start past the empty
+    /// log's base — they set a provisional base the checkpoint then confirms — and entries at
+    /// or below the base are already covered.
+    fn replay_entries(&mut self, entries: &[Entry]) -> Result<(), String> {
+        let Some(first) = entries.first() else {
+            return Ok(());
+        };
+        if self.entries.is_empty() && first.index > self.base_index + 1 {
+            self.reset_to(first.index - 1, 0);
+        }
+        let skip = entries
+            .iter()
+            .take_while(|e| e.index <= self.base_index)
+            .count();
+        self.append(&entries[skip..])
     }
 
     /// A later record's hard state wins; the commit index only moves forward (entries records
@@ -242,9 +289,16 @@ impl Storage for RaftLog {
         Ok(RaftLog::last_index(self))
     }
 
-    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        // Snapshots are built by the shell (they need the engine's tables); until one is ready
-        // the core retries.
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        // Snapshots are built by the shell (they read the engine, which takes awaits): until
+        // one covering the request is ready, the core retries and the shell is asked to build.
+        if let Some(snapshot) = &self.prepared {
+            let index = snapshot.get_metadata().index;
+            if index >= request_index && index >= self.base_index {
+                return Ok(snapshot.clone());
+            }
+        }
+        self.wanted.set(true);
         Err(raft::Error::Store(
             StorageError::SnapshotTemporarilyUnavailable,
         ))
@@ -330,6 +384,52 @@ mod tests {
         assert_eq!(log.entry_term(4), Some(2));
         assert_eq!(log.hard_state().commit, 4);
         assert_eq!(log.hard_state().term, 2);
+    }
+
+    #[test]
+    fn a_log_whose_first_segments_were_dropped_replays_from_its_checkpoint() {
+        // Segments holding 1..=10 were removed after a checkpoint at 12 was written; what is
+        // left starts with entries 11..=14, then the checkpoint, then more entries.
+        let records = vec![
+            RaftRecord::Entries {
+                hard_state: hs(2, 10),
+                entries: (11..=14).map(|i| entry(i, 2)).collect(),
+            },
+            RaftRecord::Checkpoint {
+                index: 12,
+                term: 2,
+                hard_state: hs(2, 13),
+            },
+            RaftRecord::Entries {
+                hard_state: hs(2, 14),
+                entries: vec![entry(15, 2)],
+            },
+        ];
+        let mut log = RaftLog::new(vec![1, 2, 3]);
+        for r in &records {
+            log.apply_record(r).unwrap();
+        }
+        assert_eq!(log.base(), (12, 2));
+        assert_eq!(log.last_index(), 15);
+        assert_eq!(log.entry_term(13), Some(2));
+    }
+
+    #[test]
+    fn a_checkpoint_at_the_provisional_base_confirms_its_term() {
+        let mut log = RaftLog::new(vec![1]);
+        log.apply_record(&RaftRecord::Entries {
+            hard_state: hs(3, 0),
+            entries: (21..=23).map(|i| entry(i, 3)).collect(),
+        })
+        .unwrap();
+        log.apply_record(&RaftRecord::Checkpoint {
+            index: 20,
+            term: 3,
+            hard_state: hs(3, 22),
+        })
+        .unwrap();
+        assert_eq!(log.base(), (20, 3));
+        assert_eq!(log.last_index(), 23);
     }
 
     #[test]

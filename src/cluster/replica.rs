@@ -61,8 +61,12 @@ pub struct Work {
     pub messages: Vec<Message>,
     pub committed: Vec<Entry>,
     pub role: Option<Role>,
-    /// A snapshot from the leader to install before anything else.
+    /// A snapshot from the leader to install before anything else. Its records are not in
+    /// the log yet: the shell installs it, makes the state machine durable, appends `deferred`
+    /// in order and then calls [`Replica::snapshot_written`] (so a crash in between leaves the
+    /// old state, never a log that starts past the state machine).
     pub snapshot: Option<Snapshot>,
+    pub deferred: Vec<RaftRecord>,
 }
 
 /// A Ready appended to the log and not yet durable.
@@ -70,6 +74,8 @@ struct Pending {
     number: u64,
     /// The record's sequence number; `None` when the Ready had nothing to persist.
     seq: Option<u64>,
+    /// A snapshot's Ready, waiting for [`Replica::snapshot_written`].
+    blocked: bool,
     messages: Vec<Message>,
 }
 
@@ -295,38 +301,41 @@ impl Replica {
             let old = self.node.store().hard_state();
             hs.term != old.term || hs.vote != old.vote
         });
+        let current_hs = || {
+            hard_state
+                .clone()
+                .unwrap_or_else(|| self.node.store().hard_state().clone())
+        };
+        if let Some(s) = &work.snapshot {
+            // Written by the shell once the snapshot is installed (see `Work::snapshot`).
+            work.deferred.push(RaftRecord::Checkpoint {
+                index: s.get_metadata().index,
+                term: s.get_metadata().term,
+                hard_state: current_hs(),
+            });
+        }
         let record = if !entries.is_empty() {
             Some(RaftRecord::Entries {
-                hard_state: hard_state
-                    .clone()
-                    .unwrap_or_else(|| self.node.store().hard_state().clone()),
+                hard_state: current_hs(),
                 entries,
             })
-        } else if vote_changed || work.snapshot.is_some() {
-            let hs = hard_state
-                .clone()
-                .unwrap_or_else(|| self.node.store().hard_state().clone());
-            Some(match &work.snapshot {
-                Some(s) => RaftRecord::Checkpoint {
-                    index: s.get_metadata().index,
-                    term: s.get_metadata().term,
-                    hard_state: hs,
-                },
-                None => RaftRecord::HardState(hs),
-            })
+        } else if vote_changed && work.snapshot.is_none() {
+            Some(RaftRecord::HardState(current_hs()))
         } else {
             None
         };
-        let seq = match &record {
-            Some(record) => {
-                let seq = sink.append(record)?;
-                if let RaftRecord::Entries { entries, .. } = record {
-                    // Appended to the raft core's storage before `advance_append_async`, as the
-                    // core reads entries back from there.
-                    let _ = self.node.mut_store().append(entries);
-                }
-                Some(seq)
+        if let Some(RaftRecord::Entries { entries, .. }) = &record {
+            // Appended to the raft core's storage before `advance_append_async`, as the core
+            // reads entries back from there.
+            let _ = self.node.mut_store().append(entries);
+        }
+        let blocked = work.snapshot.is_some();
+        let seq = match record {
+            Some(record) if blocked => {
+                work.deferred.push(record);
+                None
             }
+            Some(record) => Some(sink.append(&record)?),
             None => None,
         };
         if let Some(hs) = hard_state {
@@ -339,6 +348,7 @@ impl Replica {
         self.unpersisted.push_back(Pending {
             number,
             seq,
+            blocked,
             messages: persisted_messages,
         });
         // A Ready with nothing to write is persisted as soon as those before it are.
@@ -357,6 +367,9 @@ impl Replica {
         let mut messages = Vec::new();
         let mut last = None;
         while let Some(front) = self.unpersisted.front() {
+            if front.blocked {
+                break;
+            }
             let done = match front.seq {
                 None => true,
                 Some(seq) => synced_seq.is_some_and(|synced| seq <= synced),
@@ -373,6 +386,42 @@ impl Replica {
             self.node.on_persist_ready(number);
         }
         messages
+    }
+
+    /// The shell installed the snapshot of the oldest blocked Ready and wrote its records up
+    /// to `seq`: it is persisted once `seq` is durable.
+    pub fn snapshot_written(&mut self, index: u64, seq: u64) {
+        if let Some(p) = self.unpersisted.iter_mut().find(|p| p.blocked) {
+            p.blocked = false;
+            p.seq = Some(seq);
+        }
+        if index > self.applied {
+            self.applied = index;
+        }
+    }
+
+    /// Whether the raft core asked for a snapshot to send a follower (and forgets the ask).
+    pub fn snapshot_wanted(&self) -> bool {
+        self.log().take_snapshot_wanted()
+    }
+
+    /// Where a snapshot built now stands: the applied index, its term and the membership.
+    pub fn snapshot_point(&self) -> Option<(u64, u64, raft::eraftpb::ConfState)> {
+        let index = self.applied;
+        let term = self.log().entry_term(index)?;
+        Some((index, term, self.log().conf_state().clone()))
+    }
+
+    /// Offers a built snapshot to the raft core (taken at its next ask).
+    pub fn offer_snapshot(&mut self, snapshot: Snapshot) {
+        self.node.mut_store().set_prepared(Some(snapshot));
+    }
+
+    /// The snapshot sent to `follower` was handed to the transport: the leader probes it from
+    /// the snapshot's index on (if it was lost, the follower rejects and asks again).
+    pub fn snapshot_sent(&mut self, follower: u64) {
+        self.node
+            .report_snapshot(follower, raft::SnapshotStatus::Finish);
     }
 
     /// The sequence number of the oldest record not yet reported durable.

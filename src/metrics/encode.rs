@@ -12,7 +12,7 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::{RaftFigures, HistogramSnapshot, MetricsSlots, ShardSnapshot, StorageFigures};
+use super::{HistogramSnapshot, MetricsSlots, RaftFigures, ShardSnapshot, StorageFigures};
 
 /// The collector over every shard's slot.
 #[derive(Debug)]
@@ -319,14 +319,26 @@ impl Collector for ShardCollector {
 type RaftRead = fn(&RaftFigures) -> u64;
 
 const RAFT_GAUGES: &[(&str, &str, RaftRead)] = &[
-    ("pinq_raft_term", "The shard's Raft term on this node.", |f| f.term),
+    (
+        "pinq_raft_term",
+        "The shard's Raft term on this node.",
+        |f| f.term,
+    ),
     (
         "pinq_raft_leader",
         "1 while this node leads and serves the shard.",
         |f| u64::from(f.serving),
     ),
-    ("pinq_raft_commit_index", "Highest log index known committed.", |f| f.commit),
-    ("pinq_raft_applied_index", "Highest log index applied here.", |f| f.applied),
+    (
+        "pinq_raft_commit_index",
+        "Highest log index known committed.",
+        |f| f.commit,
+    ),
+    (
+        "pinq_raft_applied_index",
+        "Highest log index applied here.",
+        |f| f.applied,
+    ),
 ];
 
 const RAFT_COUNTERS: &[(&str, &str, RaftRead)] = &[

@@ -24,7 +24,11 @@ fn leadership(slots: &MetricsSlots) -> String {
     let led: Vec<String> = shards
         .iter()
         .enumerate()
-        .filter(|(_, s)| s.as_ref().and_then(|s| s.raft.as_ref()).is_some_and(|r| r.serving))
+        .filter(|(_, s)| {
+            s.as_ref()
+                .and_then(|s| s.raft.as_ref())
+                .is_some_and(|r| r.serving)
+        })
         .map(|(i, _)| i.to_string())
         .collect();
     if led.is_empty() {

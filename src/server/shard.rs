@@ -307,12 +307,13 @@ impl Shard {
                 // `leader` in a cluster is answered once the leader appended the batch, before
                 // its commit; everything else once the store resolved.
                 let reply = RefCell::new(Some(reply));
-                let result = drive::publish_accepting(&self.core, &self.store, now_ms(), batch, |tags| {
-                    if let Some(reply) = reply.borrow_mut().take() {
-                        let _ = reply.send(Ok(tags));
-                    }
-                })
-                .await;
+                let result =
+                    drive::publish_accepting(&self.core, &self.store, now_ms(), batch, |tags| {
+                        if let Some(reply) = reply.borrow_mut().take() {
+                            let _ = reply.send(Ok(tags));
+                        }
+                    })
+                    .await;
                 let reply = reply.into_inner();
                 drop(in_progress);
                 if let Err(drive::PublishFailure::Store(e)) = &result {
@@ -535,6 +536,12 @@ impl Shard {
         }
     }
 
+    /// Whether this shard may hand out copies now: it serves and, in a cluster, holds its
+    /// leader lease (see `ReplicatedStore::lease_valid`).
+    fn may_dispatch(&self) -> bool {
+        self.serving.get() && self.replicated().is_none_or(|r| r.lease_valid())
+    }
+
     // ---- sinks (connection side) ---------------------------------------------------------
 
     pub fn open_sink(&self) -> (u64, Rc<Sink>, LocalReceiver<()>) {
@@ -639,6 +646,11 @@ impl Shard {
         while !self.draining.get() {
             if !self.serving.get() {
                 self.wait_until_serving().await;
+                continue;
+            }
+            if !self.may_dispatch() {
+                // A leader that has not heard from a quorum lately hands nothing out.
+                glommio::timer::sleep(Duration::from_millis(5)).await;
                 continue;
             }
             let now = now_ms();
