@@ -13,6 +13,10 @@ use serde::Serialize;
 use crate::client::{Client, ClientOptions};
 use crate::rpc::cluster::{ClusterStatus, ShardReplica};
 
+/// How long the leader of a shard may take to answer before its figures are left out (the
+/// answering node's own view is printed instead).
+const LEADER_ANSWER_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
     /// Print every node (id, Raft and client address, reachable) and every shard (leader,
@@ -123,10 +127,18 @@ async fn leader_view(
         return None;
     }
     let node = status.nodes.iter().find(|n| n.id == shard.leader_node_id)?;
-    let client = Client::connect_with(node.client_address.as_str(), options)
-        .await
-        .ok()?;
-    let theirs = client.cluster_status().await.ok()?;
+    // A paused leader's kernel still accepts the connection: bound the whole exchange.
+    let ask = async {
+        let client = Client::connect_with(node.client_address.as_str(), options)
+            .await
+            .ok()?;
+        client.cluster_status().await.ok()
+    };
+    let theirs = futures_lite::future::or(ask, async {
+        glommio::timer::sleep(LEADER_ANSWER_MAX).await;
+        None
+    })
+    .await?;
     theirs
         .shards
         .into_iter()

@@ -53,6 +53,8 @@ use crate::storage::{LsmOptions, Store, StoreError, Sync};
 /// proposers wait (the leader's side of the bound; followers are bounded by Raft's in-flight
 /// window).
 pub const PROPOSAL_BYTES_MAX: u64 = 8 << 20;
+/// How long after a failed snapshot build the next one may start.
+const SNAPSHOT_RETRY_AFTER: Duration = Duration::from_secs(10);
 /// Keys read per page while building or installing a snapshot.
 const SNAPSHOT_PAGE_KEYS: usize = 4096;
 /// Raft messages queued for the transport before new ones are dropped (Raft retries).
@@ -123,6 +125,9 @@ pub struct ReplicatedStore {
     recorder: RefCell<RaftRecorder>,
     /// A snapshot is being built for a follower.
     building_snapshot: Cell<bool>,
+    /// No snapshot is built before this (after a failed build: a scan of the whole shard is
+    /// not repeated at every ask of the raft core).
+    snapshot_not_before: Cell<std::time::Instant>,
     snapshots_sent: Cell<u64>,
     snapshots_installed: Cell<u64>,
     /// Leader only: when each peer was last heard from (responses to appends and heartbeats).
@@ -192,6 +197,7 @@ impl ReplicatedStore {
             leader_changes: Cell::new(0),
             recorder: RefCell::new(RaftRecorder::default()),
             building_snapshot: Cell::new(false),
+            snapshot_not_before: Cell::new(std::time::Instant::now()),
             snapshots_sent: Cell::new(0),
             snapshots_installed: Cell::new(0),
             heard: RefCell::new(BTreeMap::new()),
@@ -274,7 +280,10 @@ impl ReplicatedStore {
                 tracing::error!("raft driver: {e}");
                 return;
             }
-            if self.replica.borrow().snapshot_wanted() && !self.building_snapshot.get() {
+            if self.replica.borrow().snapshot_wanted()
+                && !self.building_snapshot.get()
+                && std::time::Instant::now() >= self.snapshot_not_before.get()
+            {
                 self.building_snapshot.set(true);
                 glommio::spawn_local(Rc::clone(&self).build_snapshot()).detach();
             }
@@ -357,7 +366,9 @@ impl ReplicatedStore {
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!(dir = %self.engine.dir().display(), "cannot build a snapshot for a follower: {e}")
+                self.snapshot_not_before
+                    .set(std::time::Instant::now() + SNAPSHOT_RETRY_AFTER);
+                tracing::warn!(dir = %self.engine.dir().display(), "cannot build a snapshot for a follower (next try in {SNAPSHOT_RETRY_AFTER:?}): {e}");
             }
         }
     }
