@@ -293,6 +293,21 @@ fn killed_leader_is_replaced_within_2s_unacked_redelivered_acked_never_and_it_ca
     cluster.start_node(leader);
     let restarted = leader;
     let commit = wait_caught_up(&cluster, restarted, new_leader, Duration::from_secs(10));
+    // Its connection to the other follower may still wait for that node's redial backoff
+    // (at most 2 s): the two need not talk for the shard, but the status must show them
+    // connected soon.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cluster
+        .status(restarted, Duration::from_secs(1))
+        .is_some_and(|s| s.nodes.iter().all(|n| n.reachable))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "node {restarted} does not see every node connected 5 s after catching up: {:?}",
+            cluster.status(restarted, Duration::from_secs(1))
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (code, out, err) = cli_within(
         &[
             "cluster",
