@@ -5,8 +5,12 @@
 //! the line `pinq metrics on ADDR` that follows it, and returns once the broker accepts
 //! connections. Dropping the `Server` kills the process.
 //! Each test file that uses it declares `mod support;` and may use only part of it.
+//! [`cluster::Cluster`] starts several such processes as the members of one Raft cluster.
 #![allow(dead_code)]
 
+pub mod cluster;
+
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -41,7 +45,8 @@ pub fn pinq_bin() -> &'static str {
 
 impl Server {
     /// Starts `pinq serve --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --data-dir <tmp>`
-    /// plus `args` (later flags win), with `env` added to the environment.
+    /// plus `args`, with `env` added to the environment. `args` must not repeat those three
+    /// flags (clap refuses a flag given twice); [`Server::start_exact`] takes them all.
     pub fn start(args: &[&str]) -> Server {
         Server::start_with_env(args, &[])
     }
@@ -57,14 +62,26 @@ impl Server {
 
     /// Starts a server on an existing data directory (to restart after a kill).
     pub fn start_in(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut full: Vec<OsString> = [
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        full.push(data_dir.into());
+        full.extend(args.iter().map(OsString::from));
+        Server::start_exact(data_dir, &full, env)
+    }
+
+    /// Starts `pinq serve ARGS` with exactly these arguments (a cluster member needs concrete
+    /// ports); `data_dir` is what `ARGS` give as `--data-dir`, recorded in [`Server::data_dir`].
+    pub fn start_exact(data_dir: &Path, args: &[OsString], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(pinq_bin());
         cmd.arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--metrics-listen")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(data_dir)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -311,6 +328,30 @@ where
 
 /// Runs the `pinq` CLI with `args` and optional stdin; returns (exit code, stdout, stderr).
 pub fn cli(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    cli_within(args, stdin, CLI_TIMEOUT)
+}
+
+/// How long [`cli`] lets a command run before it kills it and fails the test.
+const CLI_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Like [`cli`], but kills the command and panics (with what it printed) if it has not exited
+/// within `timeout`: a client that keeps retrying must not hang a test.
+pub fn cli_within(args: &[&str], stdin: Option<&str>, timeout: Duration) -> (i32, String, String) {
+    match try_cli_within(args, stdin, timeout) {
+        Ok(done) => done,
+        Err((stdout, stderr)) => panic!(
+            "pinq {args:?} did not exit within {timeout:?}; stdout:\n{stdout}\nstderr:\n{stderr}"
+        ),
+    }
+}
+
+/// Like [`cli_within`], but a command still running after `timeout` is killed and what it
+/// printed until then (stdout, stderr) returned as the error, for a test that asserts on it.
+pub fn try_cli_within(
+    args: &[&str],
+    stdin: Option<&str>,
+    timeout: Duration,
+) -> Result<(i32, String, String), (String, String)> {
     use std::io::Write;
     let mut child = Command::new(pinq_bin())
         .args(args)
@@ -323,14 +364,44 @@ pub fn cli(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn pinq");
-    if let Some(input) = stdin {
+    // Stdin is written and the outputs read on threads of their own, so that a child blocked
+    // on a full output pipe never waits on us writing its input (or the other way round).
+    let writer = stdin.map(|input| {
         let mut pipe = child.stdin.take().expect("stdin");
-        pipe.write_all(input.as_bytes()).expect("write stdin");
+        let input = input.to_owned();
+        std::thread::spawn(move || {
+            // A child that exits early closes its stdin: not this helper's error to report.
+            let _ = pipe.write_all(input.as_bytes());
+        })
+    });
+    let read_all = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+    };
+    let stdout = read_all(Box::new(child.stdout.take().expect("stdout")));
+    let stderr = read_all(Box::new(child.stderr.take().expect("stderr")));
+    let deadline = std::time::Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait pinq") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    if let Some(writer) = writer {
+        let _ = writer.join();
     }
-    let out = child.wait_with_output().expect("wait pinq");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let stdout = stdout.join().expect("stdout reader");
+    let stderr = stderr.join().expect("stderr reader");
+    match status {
+        Some(status) => Ok((status.code().unwrap_or(-1), stdout, stderr)),
+        None => Err((stdout, stderr)),
+    }
 }
