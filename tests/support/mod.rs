@@ -86,13 +86,14 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
         cmd.env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
         );
+        // A test's own environment wins (a test may ask for a module's info lines).
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         let mut child = cmd.spawn().expect("spawn pinq serve");
         let stdout = child.stdout.take().expect("stdout");
         let stderr = child.stderr.take().expect("stderr");
