@@ -36,19 +36,22 @@ pub async fn publish<S: Store>(
     now_ms: u64,
     batch: ValidatedBatch,
 ) -> Result<Vec<EventKey>, PublishFailure> {
-    publish_accepting(core, store, now_ms, batch, |_| {}).await
+    publish_accepting(core, store, now_ms, batch, |_| {}, || true).await
 }
 
 /// [`publish`], calling `accepted` with the tags as soon as the store has accepted the batch
 /// at a `leader` or `none` ack level (in a cluster: appended on the leader, before a quorum
 /// has it), so the shell can answer the client then. The core learns of the batch only once it
-/// is applied, as for every publish.
+/// is applied, as for every publish. `current` says whether `core` is still the core that
+/// prepared the batch (a cluster shard replaces its core when its leadership changes; the old
+/// core's batch is then not reported to the new one).
 pub async fn publish_accepting<S: Store>(
     core: &RefCell<ShardCore>,
     store: &S,
     now_ms: u64,
     batch: ValidatedBatch,
     accepted: impl FnOnce(Vec<EventKey>),
+    current: impl Fn() -> bool,
 ) -> Result<Vec<EventKey>, PublishFailure> {
     let ack = batch.ack();
     let batch = core.borrow_mut().prepare_publish(now_ms, batch);
@@ -68,11 +71,15 @@ pub async fn publish_accepting<S: Store>(
         .await
     {
         Ok(_) => {
-            core.borrow_mut().on_publish_applied(&batch);
+            if current() {
+                core.borrow_mut().on_publish_applied(&batch);
+            }
             Ok(batch.tags())
         }
         Err(error) => {
-            core.borrow_mut().on_publish_failed(batch.id);
+            if current() {
+                core.borrow_mut().on_publish_failed(batch.id);
+            }
             Err(error.into())
         }
     }
@@ -83,6 +90,18 @@ pub async fn dispatch_pass<S: Store>(
     core: &RefCell<ShardCore>,
     store: &S,
     now_ms: u64,
+) -> Result<bool, StoreError> {
+    dispatch_pass_if(core, store, now_ms, || true).await
+}
+
+/// [`dispatch_pass`] that stops, without handing its reads to `core`, once `current()` says
+/// the core was replaced while it read (see [`publish_accepting`]): a scan planned from the old
+/// core's cursors would move the new core's past messages it never saw.
+pub async fn dispatch_pass_if<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    now_ms: u64,
+    current: impl Fn() -> bool,
 ) -> Result<bool, StoreError> {
     let requests = core.borrow_mut().plan_pass(now_ms);
     for request in &requests {
@@ -96,6 +115,9 @@ pub async fn dispatch_pass<S: Store>(
         } else {
             None
         };
+        if !current() {
+            return Ok(false);
+        }
         core.borrow_mut()
             .on_scan(now_ms, request, &rows, next.as_deref());
     }
@@ -168,7 +190,25 @@ pub async fn write_delete_batch<S: Store>(
     store: &S,
     batch: DeleteBatch,
 ) -> Result<DeleteApplied, StoreError> {
-    match store.commit(&batch.command(), Sync::Durable).await {
+    write_delete_batch_if(core, store, batch, || true).await
+}
+
+/// [`write_delete_batch`], settling the batch in `core` only while `current()` says it is still
+/// the core that cut it (see [`publish_accepting`]).
+pub async fn write_delete_batch_if<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    batch: DeleteBatch,
+    current: impl Fn() -> bool,
+) -> Result<DeleteApplied, StoreError> {
+    let result = store.commit(&batch.command(), Sync::Durable).await;
+    if !current() {
+        return result.map(|_| DeleteApplied {
+            keys: batch.keys.len(),
+            dispatch_resumed: false,
+        });
+    }
+    match result {
         Ok(_) => {
             let dispatch_resumed = core.borrow_mut().on_delete_applied(&batch);
             Ok(DeleteApplied {

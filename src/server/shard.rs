@@ -134,6 +134,9 @@ pub struct Shard {
     /// This shard serves (accepts publishes and consumers, dispatches): always standalone; in a
     /// cluster only while its replica leads and has caught up.
     serving: Cell<bool>,
+    /// Bumped each time the pipeline core is replaced (a change of leadership): work started
+    /// under an older core does not report back to the new one.
+    core_epoch: Cell<u64>,
     /// Shard 0 of a cluster node: the node's transport to its peers.
     pub transport: RefCell<Option<Rc<crate::cluster::transport::Transport>>>,
 }
@@ -170,6 +173,7 @@ impl Shard {
             shutdown,
             cluster: None,
             serving: Cell::new(true),
+            core_epoch: Cell::new(0),
             transport: RefCell::new(None),
         }
     }
@@ -307,13 +311,20 @@ impl Shard {
                 // `leader` in a cluster is answered once the leader appended the batch, before
                 // its commit; everything else once the store resolved.
                 let reply = RefCell::new(Some(reply));
-                let result =
-                    drive::publish_accepting(&self.core, &self.store, now_ms(), batch, |tags| {
+                let epoch = self.core_epoch.get();
+                let result = drive::publish_accepting(
+                    &self.core,
+                    &self.store,
+                    now_ms(),
+                    batch,
+                    |tags| {
                         if let Some(reply) = reply.borrow_mut().take() {
                             let _ = reply.send(Ok(tags));
                         }
-                    })
-                    .await;
+                    },
+                    || self.core_epoch.get() == epoch,
+                )
+                .await;
                 let reply = reply.into_inner();
                 drop(in_progress);
                 if let Err(drive::PublishFailure::Store(e)) = &result {
@@ -526,6 +537,7 @@ impl Shard {
         }
         let mut core = ShardCore::new(self.delivery.clone(), now_ms());
         core.recover_event_ids(crate::storage::Store::event_id_high_water(&self.store));
+        self.core_epoch.set(self.core_epoch.get() + 1);
         *self.core.borrow_mut() = core;
     }
 
@@ -655,13 +667,16 @@ impl Shard {
             }
             let now = now_ms();
             let started = Instant::now();
-            let productive = match drive::dispatch_pass(&self.core, &self.store, now).await {
-                Ok(productive) => productive,
-                Err(e) => {
-                    self.on_store_error("a dispatch pass", &e);
-                    false
-                }
-            };
+            let epoch = self.core_epoch.get();
+            let current = || self.core_epoch.get() == epoch;
+            let productive =
+                match drive::dispatch_pass_if(&self.core, &self.store, now, current).await {
+                    Ok(productive) => productive,
+                    Err(e) => {
+                        self.on_store_error("a dispatch pass", &e);
+                        false
+                    }
+                };
             let ready = self.core.borrow_mut().take_ready();
             for consumer in ready {
                 self.pump(consumer).await;
@@ -736,7 +751,9 @@ impl Shard {
         let shard = self.clone();
         glommio::spawn_local(async move {
             let _writing = InProgress::enter(&shard.loops_running);
-            match drive::write_delete_batch(&shard.core, &shard.store, batch).await {
+            let epoch = shard.core_epoch.get();
+            let current = || shard.core_epoch.get() == epoch;
+            match drive::write_delete_batch_if(&shard.core, &shard.store, batch, current).await {
                 Ok(applied) => {
                     shard
                         .recorder
