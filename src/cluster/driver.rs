@@ -703,18 +703,7 @@ impl ReplicatedStore {
     }
 
     pub fn stats(&self) -> LsmStats {
-        let wal = self.wal.counters();
-        LsmStats {
-            wal_records: wal.records,
-            wal_record_bytes: wal.record_bytes,
-            wal_bytes_written: wal.bytes_written,
-            wal_zero_fill_bytes: wal.zero_fill_bytes,
-            wal_writes: wal.writes,
-            wal_fsyncs: wal.fsyncs,
-            wal_live_bytes: self.wal.live_bytes(),
-            wal_segments: self.wal.live_segments(),
-            ..self.engine.stats()
-        }
+        crate::storage::lsm::stats_of(&self.engine, &self.wal)
     }
 }
 

@@ -163,18 +163,7 @@ impl LsmStore {
 
     /// Counters and sizes of the engine and the log, for metrics and benches.
     pub fn stats(&self) -> LsmStats {
-        let wal = self.wal.counters();
-        LsmStats {
-            wal_records: wal.records,
-            wal_record_bytes: wal.record_bytes,
-            wal_bytes_written: wal.bytes_written,
-            wal_zero_fill_bytes: wal.zero_fill_bytes,
-            wal_writes: wal.writes,
-            wal_fsyncs: wal.fsyncs,
-            wal_live_bytes: self.wal.live_bytes(),
-            wal_segments: self.wal.live_segments(),
-            ..self.engine.stats()
-        }
+        stats_of(&self.engine, &self.wal)
     }
 
     /// The directory this store lives in.
@@ -192,6 +181,22 @@ impl Drop for LsmStore {
     fn drop(&mut self) {
         // Without close(): the log writer still writes what is pending, then stops.
         self.wal.request_shutdown();
+    }
+}
+
+/// The engine's figures with its log's (standalone or replicated, the log is a [`Wal`]).
+pub(crate) fn stats_of(engine: &Engine, wal: &Wal) -> LsmStats {
+    let counters = wal.counters();
+    LsmStats {
+        wal_records: counters.records,
+        wal_record_bytes: counters.record_bytes,
+        wal_bytes_written: counters.bytes_written,
+        wal_zero_fill_bytes: counters.zero_fill_bytes,
+        wal_writes: counters.writes,
+        wal_fsyncs: counters.fsyncs,
+        wal_live_bytes: wal.live_bytes(),
+        wal_segments: wal.live_segments(),
+        ..engine.stats()
     }
 }
 
