@@ -696,3 +696,44 @@ fn follower_restarted_after_log_compaction_catches_up_by_snapshot() {
         "every message published around the snapshot is delivered"
     );
 }
+
+#[test]
+fn a_leader_stopped_by_sigterm_hands_over_without_an_election_timeout() {
+    let _serial = serial();
+    let env = [ENV[0], ("RUST_LOG", "warn,pinq::cluster::driver=info")];
+    let mut cluster = Cluster::start(3, &env);
+    let leader = cluster.wait_for_leader(SHARD, &cluster.ids(), FIRST_ELECTION_TIMEOUT);
+    let survivors: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|&id| id != leader)
+        .collect();
+    let (payloads, acked) = publish_and_ack_half(&cluster, leader, survivors[0], "handover", 400);
+
+    let stopped_at = Instant::now();
+    cluster.signal(leader, "TERM");
+    let addrs = survivors.iter().map(|&id| cluster.addr(id)).collect();
+    let served = first_accepted_publish(addrs, stopped_at, Duration::from_secs(10))
+        .expect("no survivor accepted a publish within 10 s of the shutdown");
+    eprintln!("a survivor accepted a durable publish {served:?} after SIGTERM of node {leader}");
+    let code = cluster
+        .server_mut(leader)
+        .wait_exit(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "a graceful shutdown exits 0");
+    let lines = cluster.server(leader).drain_output();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("leadership handed over") && l.contains("handed=true")),
+        "the leader handed over before it stopped: {lines:#?}"
+    );
+    let unacked: BTreeSet<String> = payloads.difference(&acked).cloned().collect();
+    let rest = consume(
+        &cluster.addr(survivors[0]),
+        "handover",
+        "g",
+        unacked.len(),
+        Duration::from_secs(20),
+    );
+    assert_delivery(&rest, &unacked, &acked);
+}

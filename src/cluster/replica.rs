@@ -473,6 +473,18 @@ impl Replica {
         self.node.store()
     }
 
+    /// Leader only: asks the most up-to-date follower to take over at once (a graceful
+    /// shutdown hands leadership over instead of leaving the group to an election timeout).
+    /// Returns the follower asked, if any.
+    pub fn transfer_leadership(&mut self) -> Option<u64> {
+        if self.node.raft.state != StateRole::Leader {
+            return None;
+        }
+        let to = self.status().followers.iter().max_by_key(|f| f.matched)?.id;
+        self.node.transfer_leader(to);
+        Some(to)
+    }
+
     /// The lowest index every follower has (the leader's view), or `None` when not leader.
     pub fn min_follower_match(&self) -> Option<u64> {
         let progress = self.node.status().progress?;

@@ -870,6 +870,11 @@ impl Shard {
         if self.core.borrow().deletes_busy() {
             tracing::warn!(shard = self.id, "deletes still waiting at the shutdown deadline: their messages may be delivered again after a restart");
         }
+        if let Some(store) = self.replicated() {
+            // Every delete is written: let a follower take over now, not after an election
+            // timeout (the loops below may take a second to return).
+            store.hand_over(Duration::from_secs(1)).await;
+        }
         while self.loops_running.get() > 0 && Instant::now() < deadline {
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
