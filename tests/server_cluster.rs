@@ -643,9 +643,17 @@ fn follower_restarted_after_log_compaction_catches_up_by_snapshot() {
         let batch: Vec<String> = (0..2000).map(|i| format!("{filler}-{round}-{i}")).collect();
         publish(&cluster.addr(leader), "compacted", &batch);
     }
-    let (status, page) = http_get(cluster.member(leader).metrics, "/metrics");
-    assert_eq!(status, 200);
-    let flushes = sample(&page, "pinq_storage_flushes_total", "shard=\"0\"");
+    // Shards publish their figures once a second: poll until the flushes show.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let flushes = loop {
+        let (status, page) = http_get(cluster.member(leader).metrics, "/metrics");
+        assert_eq!(status, 200);
+        let flushes = sample(&page, "pinq_storage_flushes_total", "shard=\"0\"");
+        if flushes > Some(0.0) || Instant::now() >= deadline {
+            break flushes;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert!(
         flushes > Some(0.0),
         "the leader flushed memtables: {flushes:?}"
