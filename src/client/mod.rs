@@ -130,6 +130,20 @@ impl<T: 'static> Pending<T> {
         }
     }
 
+    /// A reply on `conn`, which stays open until the reply is in: a caller may drop its last
+    /// [`Client`] handle right after sending (the connection would close under the request).
+    fn on(
+        conn: &Rc<Connection>,
+        reply: impl Future<Output = Result<T, ClientError>> + 'static,
+    ) -> Pending<T> {
+        let keep = Rc::clone(conn);
+        Pending::new(async move {
+            let result = reply.await;
+            drop(keep);
+            result
+        })
+    }
+
     fn failed(e: ClientError) -> Pending<T> {
         Pending::new(std::future::ready(Err(e)))
     }
@@ -368,7 +382,7 @@ impl Client {
             }
         }
         let reply = request.send().promise;
-        Pending::new(async move {
+        Pending::on(&self.conn, async move {
             let reply = reply.await.map_err(ClientError::from_rpc)?;
             let results = reply.get().map_err(ClientError::bad_reply)?;
             if let Some(not_leader) =
@@ -405,7 +419,7 @@ impl Client {
     /// The broker's shards and the port of each.
     pub fn topology(&self) -> Pending<Vec<ShardInfo>> {
         let reply = self.conn.broker.topology_request().send().promise;
-        Pending::new(async move {
+        Pending::on(&self.conn, async move {
             let reply = reply.await.map_err(ClientError::from_rpc)?;
             let shards = reply
                 .get()
@@ -418,7 +432,7 @@ impl Client {
     /// The broker's counters.
     pub fn stats(&self) -> Pending<Stats> {
         let reply = self.conn.broker.stats_request().send().promise;
-        Pending::new(async move {
+        Pending::on(&self.conn, async move {
             let reply = reply.await.map_err(ClientError::from_rpc)?;
             let stats = reply
                 .get()
@@ -431,7 +445,7 @@ impl Client {
     /// In a cluster: the answering node's view of every node and shard (standalone: node id 0).
     pub fn cluster_status(&self) -> Pending<rpc::cluster::ClusterStatus> {
         let reply = self.conn.broker.cluster_status_request().send().promise;
-        Pending::new(async move {
+        Pending::on(&self.conn, async move {
             let reply = reply.await.map_err(ClientError::from_rpc)?;
             let status = reply
                 .get()
@@ -447,7 +461,7 @@ impl Client {
         request.get().set_topic(topic);
         request.get().set_group(group);
         let reply = request.send().promise;
-        Pending::new(async move {
+        Pending::on(&self.conn, async move {
             reply.await.map_err(ClientError::from_rpc)?;
             Ok(())
         })

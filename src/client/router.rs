@@ -204,12 +204,7 @@ impl Router {
             if self.members.borrow().len() == 1 {
                 self.learn(&client).await;
             }
-            // A reply needs its connection alive: `call` may drop its handle once the request
-            // is sent, and the map's may have been replaced by a concurrent connect.
-            let keep = client.clone();
-            let result = call(client).await;
-            drop(keep);
-            result
+            call(client).await
         };
         futures_lite::future::or(attempt, async {
             glommio::timer::sleep(timeout).await;

@@ -130,6 +130,8 @@ pub struct ReplicatedStore {
     snapshot_not_before: Cell<std::time::Instant>,
     snapshots_sent: Cell<u64>,
     snapshots_installed: Cell<u64>,
+    /// The driver stopped on this error (the shard watches `role_changed` and stops the node).
+    failure: RefCell<Option<StoreError>>,
     /// Leader only: when each peer was last heard from (responses to appends and heartbeats).
     heard: RefCell<BTreeMap<u64, std::time::Instant>>,
 }
@@ -201,6 +203,7 @@ impl ReplicatedStore {
             snapshots_sent: Cell::new(0),
             snapshots_installed: Cell::new(0),
             heard: RefCell::new(BTreeMap::new()),
+            failure: RefCell::new(None),
         })
     }
 
@@ -263,6 +266,11 @@ impl ReplicatedStore {
         self.role_changed.wait()
     }
 
+    /// Why the driver stopped, if it did (a fatal storage error).
+    pub fn failure(&self) -> Option<StoreError> {
+        self.failure.borrow().as_ref().map(StoreError::clone_kind)
+    }
+
     pub fn status(&self) -> ReplicaStatus {
         self.replica.borrow().status()
     }
@@ -276,8 +284,11 @@ impl ReplicatedStore {
         let mut next_tick = std::time::Instant::now() + self.config.tick;
         while !self.closed.get() {
             if let Err(e) = self.run_work().await {
+                // The log or the engine failed: the node cannot go on with this shard. The
+                // shard's role watcher sees this and stops the broker (no shard left wedged).
                 self.fail_waiters(&e);
-                tracing::error!("raft driver: {e}");
+                *self.failure.borrow_mut() = Some(e);
+                self.role_changed.notify();
                 return;
             }
             if self.replica.borrow().snapshot_wanted()
@@ -467,10 +478,14 @@ impl ReplicatedStore {
         Ok(())
     }
 
+    /// Applies one command to the engine after its admission (the bound on frozen memtables);
+    /// the log-size cap freezes the memtable as standalone does, and a freeze starts a new
+    /// log segment.
     async fn apply_one(&self, index: u64, command: &Command) -> Result<(), StoreError> {
         let turn = self.engine.admit().await?;
         let froze = self.engine.apply(index, command);
-        if froze {
+        let over_cap = self.engine.nothing_frozen() && self.wal.live_bytes() >= self.wal_bytes_max;
+        if froze || (over_cap && self.engine.freeze()) {
             self.wal.roll();
         }
         drop(turn);
@@ -514,14 +529,7 @@ impl ReplicatedStore {
                         )),
                     )
                 })?;
-                let turn = self.engine.admit().await?;
-                let froze = self.engine.apply(entry.index, &command);
-                let over_cap =
-                    self.engine.nothing_frozen() && self.wal.live_bytes() >= self.wal_bytes_max;
-                if froze || (over_cap && self.engine.freeze()) {
-                    self.wal.roll();
-                }
-                drop(turn);
+                self.apply_one(entry.index, &command).await?;
             }
             self.resolve(entry);
         }
@@ -647,7 +655,14 @@ impl ReplicatedStore {
         let point = {
             let replica = self.replica.borrow();
             let applied = replica.applied();
-            let floor = applied.saturating_sub(self.config.log_retain_entries);
+            // Entries a lagging follower may still want are kept, within both bounds: at most
+            // `logRetainEntries` of them and at most the WAL cap in bytes (past either, the
+            // follower gets a snapshot).
+            let floor = applied.saturating_sub(self.config.log_retain_entries).max(
+                replica
+                    .log()
+                    .compact_point_for_bytes(self.wal_bytes_max as usize),
+            );
             let keep_for = replica.min_follower_match().unwrap_or(flushed);
             flushed.min(keep_for.max(floor))
         };

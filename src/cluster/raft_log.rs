@@ -68,6 +68,19 @@ impl RaftLog {
         (self.entries.len(), self.entry_bytes)
     }
 
+    /// The lowest index the log may be compacted to so that the entries after it hold at most
+    /// `max_bytes` of payload (the bound on what a lagging follower can keep in memory).
+    pub fn compact_point_for_bytes(&self, max_bytes: usize) -> u64 {
+        let mut kept = 0usize;
+        for e in self.entries.iter().rev() {
+            kept += e.data.len();
+            if kept > max_bytes {
+                return e.index;
+            }
+        }
+        self.base_index
+    }
+
     pub fn entry_term(&self, index: u64) -> Option<u64> {
         if index == self.base_index {
             return Some(self.base_term);
@@ -384,6 +397,19 @@ mod tests {
         assert_eq!(log.entry_term(4), Some(2));
         assert_eq!(log.hard_state().commit, 4);
         assert_eq!(log.hard_state().term, 2);
+    }
+
+    #[test]
+    fn the_byte_bound_picks_the_point_that_keeps_at_most_that_much() {
+        let mut log = RaftLog::new(vec![1]);
+        log.append(&(1..=10).map(|i| entry(i, 1)).collect::<Vec<_>>())
+            .unwrap();
+        // Ten entries of 10 bytes: keeping at most 35 bytes keeps 8, 9 and 10.
+        assert_eq!(log.compact_point_for_bytes(35), 7);
+        assert_eq!(log.compact_point_for_bytes(1_000), 0);
+        log.compact_to(log.compact_point_for_bytes(35)).unwrap();
+        assert!(log.held().1 <= 35);
+        assert_eq!(log.held(), (3, 30));
     }
 
     #[test]

@@ -85,6 +85,18 @@ impl ClusterView {
             .unwrap_or_default()
     }
 
+    /// One shard's (serving, leader id, term), without copying the whole view (the publish
+    /// path asks this per batch).
+    pub fn shard_role(&self, shard: usize) -> Option<(bool, u64, u64)> {
+        self.with(|inner| {
+            inner
+                .shards
+                .get(shard)
+                .map(|s| (s.status.serving, s.status.leader_id, s.status.term))
+        })
+        .flatten()
+    }
+
     pub fn shards(&self) -> Vec<ShardView> {
         self.with(|inner| inner.shards.clone()).unwrap_or_default()
     }

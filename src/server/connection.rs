@@ -65,14 +65,13 @@ struct BrokerImpl {
 impl BrokerImpl {
     fn not_led_here(&self, owner: usize) -> Option<LeaderHint> {
         let view = self.shard.cluster.as_ref()?;
-        let replica = view.shards().into_iter().nth(owner)?;
-        if replica.status.serving {
+        let (serving, leader, term) = view.shard_role(owner)?;
+        if serving {
             return None;
         }
-        let leader = replica.status.leader_id;
         Some(LeaderHint {
             shard: owner,
-            term: replica.status.term,
+            term,
             leader: (leader != 0).then_some(leader),
             client: view.client_address(leader),
         })

@@ -491,6 +491,10 @@ impl Shard {
             return;
         };
         loop {
+            if let Some(error) = store.failure() {
+                self.on_store_error("the raft driver", &error);
+                return;
+            }
             let (role, serving) = store.role();
             if let Some(view) = &self.cluster {
                 view.set_shard(self.id, store.status());
