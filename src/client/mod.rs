@@ -111,6 +111,17 @@ impl ClientError {
         }
     }
 
+    /// The typed refusal code of a refused or overloaded request (a configured bound, a full
+    /// disk), when the broker gave one.
+    pub fn refusal(&self) -> Option<crate::rpc::refusal::Code> {
+        match self {
+            ClientError::Refused(text) | ClientError::Overloaded(text) => {
+                crate::rpc::refusal::code_of(text)
+            }
+            _ => None,
+        }
+    }
+
     fn bad_reply(e: impl Into<WireError>) -> ClientError {
         ClientError::BadReply(e.into())
     }

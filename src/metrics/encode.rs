@@ -12,7 +12,8 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::{HistogramSnapshot, MetricsSlots, RaftFigures, ShardSnapshot, StorageFigures};
+use super::{HistogramSnapshot, MetricsSlots, Problem, RaftFigures, ShardSnapshot, StorageFigures};
+use crate::rpc::refusal::Code;
 
 /// The collector over every shard's slot.
 #[derive(Debug)]
@@ -271,6 +272,7 @@ impl Collector for ShardCollector {
                 }
             }
         }
+        encode_health(&mut encoder, &shards)?;
         for (name, help, read) in GAUGES {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for (shard, snap) in &shards {
@@ -370,6 +372,53 @@ const RAFT_HISTOGRAMS: &[(&str, &str, RaftHistogram)] = &[
 ];
 
 /// The `pinq_raft_*` families, for shards that have a replica (none standalone).
+/// Refusals by code, and each shard's health (`/healthz` gives the same with reasons).
+fn encode_health(
+    encoder: &mut DescriptorEncoder,
+    shards: &[(String, ShardSnapshot)],
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "pinq_refusals",
+        "Client requests refused by a configured bound or a full disk, by refusal code (the code starts the error text the client gets).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (shard, snap) in shards {
+        for code in Code::ALL {
+            family
+                .encode_family(&[("shard", shard.as_str()), ("code", code.name())])?
+                .encode_counter::<NoLabelSet, _, u64>(&snap.refusals.get(code), None)?;
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "pinq_shard_healthy",
+        "1 while the shard serves without problems, 0 otherwise (see pinq_shard_problem and /healthz).",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (shard, snap) in shards {
+        let healthy = u64::from(snap.problems.is_empty());
+        family
+            .encode_family(&[("shard", shard.as_str())])?
+            .encode_gauge(&healthy)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "pinq_shard_problem",
+        "1 for each problem a shard has now: disk_full (writes refused until space returns), unreadable_blocks (corrupt table blocks skipped), fenced.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (shard, snap) in shards {
+        for label in Problem::LABELS {
+            let on = u64::from(snap.problems.iter().any(|p| p.label() == label));
+            family
+                .encode_family(&[("shard", shard.as_str()), ("problem", label)])?
+                .encode_gauge(&on)?;
+        }
+    }
+    Ok(())
+}
+
 fn encode_raft(
     encoder: &mut DescriptorEncoder,
     shards: &[(String, ShardSnapshot)],
@@ -470,6 +519,27 @@ mod tests {
             "{page}"
         );
         assert!(page.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn refusals_and_health_are_exported_per_shard() {
+        let slots = MetricsSlots::new(2);
+        let mut sick = snapshot(1);
+        sick.refusals.add(Code::TooManyCalls);
+        sick.problems
+            .push(Problem::DiskFull("wal-1: No space left".into()));
+        slots.publish(0, snapshot(1));
+        slots.publish(1, sick);
+        let page = render(&slots).unwrap();
+        assert!(
+            page.contains("pinq_refusals_total{shard=\"1\",code=\"tooManyCalls\"} 1\n"),
+            "{page}"
+        );
+        assert!(page.contains("pinq_refusals_total{shard=\"0\",code=\"tooManyCalls\"} 0\n"));
+        assert!(page.contains("pinq_shard_healthy{shard=\"0\"} 1\n"));
+        assert!(page.contains("pinq_shard_healthy{shard=\"1\"} 0\n"));
+        assert!(page.contains("pinq_shard_problem{shard=\"1\",problem=\"disk_full\"} 1\n"));
+        assert!(page.contains("pinq_shard_problem{shard=\"1\",problem=\"fenced\"} 0\n"));
     }
 
     #[test]

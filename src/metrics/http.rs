@@ -2,8 +2,10 @@
 //! one plain OS thread with `tiny_http`, off every shard's core and hot path.
 //!
 //! `/metrics` renders the shards' latest snapshots (`encode.rs`). `/healthz` answers `503 starting`
-//! until every shard listens, `200 ok` while the broker serves and `503 shutting down` once a
-//! shutdown has begun, so a load balancer sends clients only to a broker that takes them.
+//! until every shard listens, `200 ok` while every shard serves, `503 unhealthy` with one line
+//! per unhealthy shard naming why (disk full, unreadable blocks, fenced, stalled) and
+//! `503 shutting down` once a shutdown has begun, so a load balancer sends clients only to a
+//! broker that takes them.
 //! Anything else is a 404.
 
 use std::net::SocketAddr;
@@ -12,7 +14,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::encode::render;
-use super::MetricsSlots;
+use super::{MetricsSlots, STALLED_AFTER};
 
 /// In a cluster, which shards this node leads (from the shards' latest snapshots): a load
 /// balancer or an operator can tell a leader from a follower. Empty for a standalone broker.
@@ -36,6 +38,31 @@ fn leadership(slots: &MetricsSlots) -> String {
     } else {
         format!("; cluster member, leader of shard(s) {}", led.join(","))
     }
+}
+
+/// `None` while every shard is healthy; otherwise one line per unhealthy shard naming why.
+/// A shard is unhealthy when its last snapshot names a problem, or is older than
+/// [`STALLED_AFTER`] (the shard stopped running its tasks), or is missing after start-up.
+pub fn unhealthy(slots: &MetricsSlots) -> Option<String> {
+    let mut lines = Vec::new();
+    for (shard, slot) in slots.read_aged().into_iter().enumerate() {
+        match slot {
+            None => lines.push(format!("shard {shard}: no snapshot yet")),
+            Some((age, _)) if age > STALLED_AFTER => lines.push(format!(
+                "shard {shard}: stalled (last snapshot {:.1} s ago)",
+                age.as_secs_f64()
+            )),
+            Some((_, snap)) => {
+                for problem in &snap.problems {
+                    lines.push(format!("shard {shard}: {problem}"));
+                }
+            }
+        }
+    }
+    if lines.is_empty() {
+        return None;
+    }
+    Some(format!("unhealthy\n{}\n", lines.join("\n")))
 }
 
 /// The content type of the OpenMetrics text format that `prometheus-client` writes.
@@ -107,7 +134,10 @@ fn serve(
                 } else if !serving.load(Ordering::Relaxed) {
                     text(503, "starting\n".into(), "text/plain")
                 } else {
-                    text(200, format!("ok{}\n", leadership(slots)), "text/plain")
+                    match unhealthy(slots) {
+                        None => text(200, format!("ok{}\n", leadership(slots)), "text/plain"),
+                        Some(body) => text(503, body, "text/plain"),
+                    }
                 }
             }
             _ => text(
@@ -131,5 +161,30 @@ fn text(
     match tiny_http::Header::from_bytes("Content-Type", content_type) {
         Ok(header) => response.with_header(header),
         Err(()) => response,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{Problem, ShardSnapshot};
+
+    #[test]
+    fn healthy_only_while_every_shard_has_a_fresh_snapshot_without_problems() {
+        let slots = MetricsSlots::new(2);
+        assert!(unhealthy(&slots).is_some_and(|b| b.contains("shard 0: no snapshot yet")));
+        slots.publish(0, ShardSnapshot::default());
+        slots.publish(1, ShardSnapshot::default());
+        assert_eq!(unhealthy(&slots), None);
+        let mut sick = ShardSnapshot::default();
+        sick.problems.push(Problem::UnreadableBlocks(2));
+        slots.publish(1, sick);
+        let body = unhealthy(&slots).expect("shard 1 is unhealthy");
+        assert!(body.starts_with("unhealthy\n"), "{body}");
+        assert!(
+            body.contains("shard 1: 2 unreadable table block(s)"),
+            "{body}"
+        );
+        assert!(!body.contains("shard 0"), "{body}");
     }
 }

@@ -17,7 +17,7 @@ pub mod encode;
 pub mod http;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
@@ -227,10 +227,54 @@ impl Default for RaftRecorder {
     }
 }
 
+/// Why a shard is not healthy, as `/healthz` names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// Writes are refused until space returns; the text names what failed.
+    DiskFull(String),
+    /// Unreadable table blocks were skipped (their messages are lost to corruption).
+    UnreadableBlocks(u64),
+    /// The shard does not accept work (the text says why).
+    Fenced(String),
+}
+
+impl Problem {
+    /// The problem's name as the `problem` label of `pinq_shard_problem` carries it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Problem::DiskFull(_) => "disk_full",
+            Problem::UnreadableBlocks(_) => "unreadable_blocks",
+            Problem::Fenced(_) => "fenced",
+        }
+    }
+
+    /// Every label, in the order the metric lists them.
+    pub const LABELS: [&'static str; 3] = ["disk_full", "unreadable_blocks", "fenced"];
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Problem::DiskFull(what) => {
+                write!(f, "disk full, writes refused until space returns ({what})")
+            }
+            Problem::UnreadableBlocks(n) => write!(
+                f,
+                "{n} unreadable table block(s) skipped (see pinq doctor --data-dir)"
+            ),
+            Problem::Fenced(why) => write!(f, "fenced: {why}"),
+        }
+    }
+}
+
 /// Everything a scrape shows of one shard.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ShardSnapshot {
     pub stats: ShardStats,
+    /// Empty while the shard is healthy.
+    pub problems: Vec<Problem>,
+    /// Refusals of client requests by code (`pinq_refusals_total`).
+    pub refusals: crate::rpc::refusal::RefusalCounts,
     pub histograms: RecorderSnapshot,
     /// `None` for engines without figures (the in-memory store): nothing is exported then.
     pub storage: Option<StorageFigures>,
@@ -238,10 +282,14 @@ pub struct ShardSnapshot {
     pub raft: Option<RaftFigures>,
 }
 
+/// A shard whose last snapshot is older than this is reported stalled by `/healthz`: its
+/// background task has not run for ten snapshot intervals.
+pub const STALLED_AFTER: Duration = Duration::from_secs(10);
+
 /// One slot per shard; `None` until the shard's first snapshot.
 #[derive(Clone, Debug, Default)]
 pub struct MetricsSlots {
-    slots: Arc<Vec<Mutex<Option<ShardSnapshot>>>>,
+    slots: Arc<Vec<Mutex<Option<(Instant, ShardSnapshot)>>>>,
 }
 
 impl MetricsSlots {
@@ -256,15 +304,26 @@ impl MetricsSlots {
         if let Some(slot) = self.slots.get(shard) {
             // A poisoned slot only means a scrape panicked while reading it: the data is whole.
             let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
-            *guard = Some(snapshot);
+            *guard = Some((Instant::now(), snapshot));
         }
     }
 
     /// Copies of every shard's latest snapshot, in shard order (`None` before the first one).
     pub fn read(&self) -> Vec<Option<ShardSnapshot>> {
+        self.read_aged()
+            .into_iter()
+            .map(|s| s.map(|(_, s)| s))
+            .collect()
+    }
+
+    /// Like [`MetricsSlots::read`], with how long ago each snapshot was taken.
+    pub fn read_aged(&self) -> Vec<Option<(Duration, ShardSnapshot)>> {
         self.slots
             .iter()
-            .map(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .map(|slot| {
+                let guard = slot.lock().unwrap_or_else(|p| p.into_inner());
+                guard.as_ref().map(|(at, s)| (at.elapsed(), s.clone()))
+            })
             .collect()
     }
 }

@@ -30,6 +30,7 @@ pub mod pinq_capnp {
 }
 
 pub mod cluster;
+pub mod refusal;
 #[allow(
     clippy::all,
     clippy::pedantic,

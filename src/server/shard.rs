@@ -37,8 +37,9 @@ use super::shutdown::ShutdownFlag;
 use crate::cluster::driver::ReplicatedStore;
 use crate::cluster::view::ClusterView;
 use crate::config::DeliveryConfig;
-use crate::metrics::{MetricsSlots, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
+use crate::metrics::{MetricsSlots, Problem, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
 use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
+use crate::rpc::refusal::{Code, RefusalCounts};
 use crate::storage::{ShardStore, StoreError};
 
 /// Wall-clock milliseconds; the core clamps them so shard time never goes back.
@@ -139,6 +140,8 @@ pub struct Shard {
     core_epoch: Cell<u64>,
     /// Shard 0 of a cluster node: the node's transport to its peers.
     pub transport: RefCell<Option<Rc<crate::cluster::transport::Transport>>>,
+    /// Client requests refused by this shard, by code.
+    refusals: Cell<RefusalCounts>,
 }
 
 impl Shard {
@@ -175,6 +178,7 @@ impl Shard {
             serving: Cell::new(true),
             core_epoch: Cell::new(0),
             transport: RefCell::new(None),
+            refusals: Cell::new(RefusalCounts::default()),
         }
     }
 
@@ -820,8 +824,30 @@ impl Shard {
             histograms: self.recorder.borrow().snapshot(),
             storage: self.store.storage_figures(),
             raft: self.replicated().map(|r| r.raft_figures()),
+            problems: self.problems(),
+            refusals: self.refusals.get(),
         };
         slots.publish(self.id, snapshot);
+    }
+
+    /// What keeps this shard from being healthy, for `/healthz` (empty while healthy).
+    fn problems(&self) -> Vec<Problem> {
+        let health = self.store.health();
+        let mut problems = Vec::new();
+        if let Some(what) = health.disk_full {
+            problems.push(Problem::DiskFull(what));
+        }
+        if health.unreadable_blocks > 0 {
+            problems.push(Problem::UnreadableBlocks(health.unreadable_blocks));
+        }
+        problems
+    }
+
+    /// Counts a refused client request (`pinq_refusals_total{code}`).
+    pub fn refused(&self, code: Code) {
+        let mut counts = self.refusals.get();
+        counts.add(code);
+        self.refusals.set(counts);
     }
 
     /// Graceful shutdown of this shard, once its listeners are closed: refuses new publishes,

