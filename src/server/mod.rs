@@ -11,6 +11,7 @@
 //! shard has shut down gracefully.
 
 pub mod connection;
+pub mod exclusive;
 pub mod mesh;
 pub mod shard;
 pub mod shutdown;
@@ -93,12 +94,18 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             .collect();
         ClusterView::new(c.node_id, nodes, count)
     });
+    let _data_dir_lock = match config.storage.engine {
+        StorageEngine::Memory => None,
+        _ => Some(exclusive::lock_data_dir(&config.server.data_dir)?),
+    };
+    ensure_ports_free(&config)?;
     let listen = resolve_port(config.server.listen)?;
     let ops = Ops {
         slots: MetricsSlots::new(count),
         shutdown: ShutdownFlag::default(),
     };
     shutdown::install(ops.shutdown.clone())?;
+    shutdown::stop_node_on_panic(ops.shutdown.clone());
     let serving = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let metrics = MetricsEndpoint::start(
         config.server.metrics_listen,
@@ -195,13 +202,15 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     println!("pinq metrics on {}", metrics.addr);
     tracing::info!(listen = %shards[0].shared, metrics = %metrics.addr, shards = count, "pinq is serving");
 
-    for handle in handles {
+    // Join every shard, even after one failed: the others drain and close their stores first.
+    let mut lost = None;
+    for (shard, handle) in handles.into_iter().enumerate() {
         if let Err(e) = handle.join() {
-            anyhow::bail!("a shard failed: {e}");
+            lost.get_or_insert(format!("shard {shard} stopped abnormally: {e}"));
         }
     }
     metrics.stop();
-    if let Some(reason) = ops.shutdown.failure() {
+    if let Some(reason) = ops.shutdown.failure().map(str::to_string).or(lost) {
         anyhow::bail!("{reason}; the broker stopped (every shard drained what it could)");
     }
     // Each shard stored a last snapshot after closing its store: report what it had stored.
@@ -214,6 +223,18 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         .sum();
     println!("pinq stopped: every shard drained and closed its store; {published} message(s) published since start");
     tracing::info!(published, "pinq stopped");
+    Ok(())
+}
+
+/// Refuses to start beside another broker on the client port, a shard port or the Raft port.
+fn ensure_ports_free(config: &Config) -> anyhow::Result<()> {
+    exclusive::ensure_port_free(config.server.listen, "client port")?;
+    for shard in 0..config.server.cpus.len() {
+        exclusive::ensure_port_free(config.server.shard_listen(shard), "shard port")?;
+    }
+    if let Some(cluster) = &config.cluster {
+        exclusive::ensure_port_free(cluster.raft_listen, "raft port")?;
+    }
     Ok(())
 }
 
@@ -329,6 +350,7 @@ async fn shard_main(
         own: own_bound,
     }));
     tracing::debug!(shard = shard_id, %shared_addr, %own_bound, "shard listening");
+    inject_panic_if_asked(shard_id);
 
     let accept_own = {
         let shard = shard.clone();
@@ -352,6 +374,24 @@ async fn shard_main(
         .shut_down(std::time::Instant::now() + shutdown::DRAIN_MAX)
         .await;
     shard.publish_snapshot(&ops.slots);
+}
+
+/// Fault injection for the tests of what a panic does: `PINQ_FAULT_PANIC_SHARD=N` makes shard
+/// `N` panic half a second after it starts serving. Never set in production.
+fn inject_panic_if_asked(shard_id: usize) {
+    let asked = std::env::var("PINQ_FAULT_PANIC_SHARD").ok();
+    if asked.and_then(|v| v.parse::<usize>().ok()) != Some(shard_id) {
+        return;
+    }
+    tracing::warn!(
+        shard = shard_id,
+        "PINQ_FAULT_PANIC_SHARD is set: this shard will panic"
+    );
+    glommio::spawn_local(async move {
+        glommio::timer::sleep(std::time::Duration::from_millis(500)).await;
+        panic!("fault injected by PINQ_FAULT_PANIC_SHARD={shard_id}");
+    })
+    .detach();
 }
 
 /// Opens the shard's store: standalone, the engine `storage.engine` names; in a cluster, the
