@@ -81,6 +81,8 @@ pub struct FaultDisk {
     rates: Cell<FaultRates>,
     counts: Cell<FaultCounts>,
     injected: RefCell<VecDeque<String>>,
+    /// Prefix of the line printed to stderr for each fault, when set.
+    echo: RefCell<Option<String>>,
 }
 
 impl FaultDisk {
@@ -91,12 +93,19 @@ impl FaultDisk {
             rates: Cell::new(rates),
             counts: Cell::new(FaultCounts::default()),
             injected: RefCell::new(VecDeque::new()),
+            echo: RefCell::new(None),
         }
     }
 
     /// Changes the rates from now on ([`FaultRates::NONE`]: a healthy disk).
     pub fn set_rates(&self, rates: FaultRates) {
         self.rates.set(rates);
+    }
+
+    /// Prints each fault to stderr as it strikes, after `prefix` (a test's output then shows
+    /// the faults that led to its failure).
+    pub fn echo(&self, prefix: &str) {
+        *self.echo.borrow_mut() = Some(prefix.to_string());
     }
 
     /// Faults injected so far.
@@ -132,11 +141,11 @@ impl FaultDisk {
             injected.pop_front();
         }
         let file: PathBuf = op.path().file_name().map(PathBuf::from).unwrap_or_default();
-        injected.push_back(format!(
-            "#{} {what} on {op:?} ({})",
-            counts.operations,
-            file.display()
-        ));
+        let line = format!("#{} {what} on {op:?} ({})", counts.operations, file.display());
+        if let Some(prefix) = self.echo.borrow().as_ref() {
+            eprintln!("{prefix}: injected {line}");
+        }
+        injected.push_back(line);
     }
 
     fn fail(&self, op: &Op<'_>, errno: i32, count: impl FnOnce(&mut FaultCounts)) -> Outcome {
