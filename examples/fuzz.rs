@@ -156,7 +156,11 @@ fn stored(rng: &mut fastrand::Rng) -> StoredMessage {
 }
 
 fn event_key(rng: &mut fastrand::Rng) -> EventKey {
-    EventKey::new(TopicHash(rng.u64(..1 << 63)), rng.u64(..1 << 40), rng.u64(..))
+    EventKey::new(
+        TopicHash(rng.u64(..1 << 63)),
+        rng.u64(..1 << 40),
+        rng.u64(..),
+    )
 }
 
 fn command(rng: &mut fastrand::Rng) -> Command {
@@ -188,13 +192,11 @@ fn corpus_command(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
 }
 
 fn decode_command(bytes: &[u8]) {
-    if let Ok(command) = Command::decode(bytes) {
-        // A decoded command's values are untrusted too: checking them must not panic.
-        if let Command::Store { messages, .. } = &command {
-            for (key, value) in messages {
-                let _ = key.to_key();
-                let _ = value.message();
-            }
+    // A decoded command's values are untrusted too: checking them must not panic.
+    if let Ok(Command::Store { messages, .. }) = Command::decode(bytes) {
+        for (key, value) in &messages {
+            let _ = key.to_key();
+            let _ = value.message();
         }
     }
 }
@@ -217,9 +219,9 @@ fn corpus_wal(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
 }
 
 fn decode_wal(bytes: &[u8]) {
-    let first_seq = bytes.get(8..16).map_or(1, |s| {
-        u64::from_le_bytes(s.try_into().unwrap_or([0; 8]))
-    });
+    let first_seq = bytes
+        .get(8..16)
+        .map_or(1, |s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])));
     let _ = scan_segment(bytes, first_seq, true);
     let _ = scan_segment(bytes, first_seq, false);
     let mut at = 0;
@@ -302,7 +304,9 @@ fn corpus_manifest(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
     (0..16)
         .map(|_| {
             let next_table_id = rng.u64(10..1000);
-            let mut ids: Vec<u64> = (0..rng.u64(0..8)).map(|_| rng.u64(..next_table_id)).collect();
+            let mut ids: Vec<u64> = (0..rng.u64(0..8))
+                .map(|_| rng.u64(..next_table_id))
+                .collect();
             ids.sort_unstable();
             ids.dedup();
             Manifest {
@@ -328,7 +332,12 @@ fn decode_manifest(bytes: &[u8]) {
 
 fn corpus_message(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
     (0..32)
-        .map(|_| Value::encode(&stored(rng)).expect("encode").as_bytes().to_vec())
+        .map(|_| {
+            Value::encode(&stored(rng))
+                .expect("encode")
+                .as_bytes()
+                .to_vec()
+        })
         .collect()
 }
 
@@ -377,11 +386,21 @@ fn corpus_publish(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The reader options of a server that bounds traversal by the frame it received (as
+/// `cluster::wire` does): with capnp's default 64 MiB limit a list of zero-sized header structs,
+/// which capnp charges one word each, lets a 600-byte request make `read_publish_batch` allocate
+/// 150 MB (`fuzz/regressions/publish/`).
+fn publish_reader_options(frame_bytes: usize) -> capnp::message::ReaderOptions {
+    let mut options = capnp::message::ReaderOptions::new();
+    options.traversal_limit_in_words(Some(frame_bytes.div_ceil(8).max(8)));
+    options
+}
+
 fn decode_publish(bytes: &[u8]) {
     let mut slice = bytes;
     let Ok(reader) = capnp::serialize::read_message_from_flat_slice(
         &mut slice,
-        capnp::message::ReaderOptions::new(),
+        publish_reader_options(bytes.len()),
     ) else {
         return;
     };
@@ -403,10 +422,12 @@ fn corpus_raft(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
     use raft::eraftpb::{Entry, HardState};
     (0..24)
         .map(|_| {
-            let mut hard_state = HardState::default();
-            hard_state.term = rng.u64(..100);
-            hard_state.vote = rng.u64(..5);
-            hard_state.commit = rng.u64(..1000);
+            let hard_state = HardState {
+                term: rng.u64(..100),
+                vote: rng.u64(..5),
+                commit: rng.u64(..1000),
+                ..HardState::default()
+            };
             let record = match rng.u8(0..3) {
                 0 => {
                     let first = rng.u64(1..1000);
@@ -414,11 +435,14 @@ fn corpus_raft(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
                         hard_state,
                         entries: (first..first + rng.u64(0..4))
                             .map(|index| {
-                                let mut e = Entry::default();
-                                e.index = index;
-                                e.term = rng.u64(..100);
-                                e.data = (0..rng.usize(0..40)).map(|_| rng.u8(..)).collect::<Vec<u8>>().into();
-                                e
+                                let data: Vec<u8> =
+                                    (0..rng.usize(0..40)).map(|_| rng.u8(..)).collect();
+                                Entry {
+                                    index,
+                                    term: rng.u64(..100),
+                                    data: data.into(),
+                                    ..Entry::default()
+                                }
                             })
                             .collect(),
                     }
@@ -484,7 +508,11 @@ fn mutate(rng: &mut fastrand::Rng, input: &mut Vec<u8>, corpus: &[Vec<u8>]) {
             // An interesting value over what may be a length or count field.
             3 | 4 if len >= 4 => {
                 let v = INTERESTING_U32[rng.usize(0..INTERESTING_U32.len())];
-                let v = if rng.bool() { v } else { v.wrapping_add(len as u32) };
+                let v = if rng.bool() {
+                    v
+                } else {
+                    v.wrapping_add(len as u32)
+                };
                 let width = [1usize, 2, 4, 8][rng.usize(0..4)].min(len);
                 let i = rng.usize(0..=len - width);
                 let bytes = u64::from(v).to_le_bytes();
@@ -590,13 +618,18 @@ fn fuzz(target: &Target, inputs: u64, seed: u64) -> Findings {
     let mut rng = fastrand::Rng::with_seed(seed);
     let corpus = (target.corpus)(&mut rng);
     let mut findings = Findings::default();
-    let mut check = |input: &[u8], findings: &mut Findings| {
+    let check = |input: &[u8], findings: &mut Findings| {
         let (panic, allocated) = run_one(target.decode, input);
         findings.largest_allocation = findings.largest_allocation.max(allocated);
         if let Some(message) = panic {
             findings.panics += 1;
             if findings.panics <= 5 {
-                record_finding(target.name, &format!("panic: {message}"), input, findings.panics);
+                record_finding(
+                    target.name,
+                    &format!("panic: {message}"),
+                    input,
+                    findings.panics,
+                );
             }
         } else if allocated > allocation_bound(input.len()) {
             findings.over_allocations += 1;
@@ -614,7 +647,11 @@ fn fuzz(target: &Target, inputs: u64, seed: u64) -> Findings {
         let before = findings.panics + findings.over_allocations;
         check(&input, &mut findings);
         if findings.panics + findings.over_allocations > before {
-            eprintln!("fuzz {}: regression {} fails again", target.name, path.display());
+            eprintln!(
+                "fuzz {}: regression {} fails again",
+                target.name,
+                path.display()
+            );
         }
     }
     for input in &corpus {
@@ -651,7 +688,11 @@ fn args() -> Result<Args, String> {
             "--target" => target = value()?,
             "--inputs" => inputs = value()?.parse().map_err(|e| format!("--inputs: {e}"))?,
             "--seed" => seed = Some(value()?.parse().map_err(|e| format!("--seed: {e}"))?),
-            other => return Err(format!("unknown argument {other} (use --target, --inputs, --seed)")),
+            other => {
+                return Err(format!(
+                    "unknown argument {other} (use --target, --inputs, --seed)"
+                ))
+            }
         }
     }
     let targets: Vec<&'static Target> = if target == "all" {
@@ -686,7 +727,10 @@ fn main() {
         let message = info.to_string();
         LAST_PANIC.with(|p| *p.borrow_mut() = message);
     }));
-    println!("fuzz seed {} ({} inputs per target); replay with --seed {}", args.seed, args.inputs, args.seed);
+    println!(
+        "fuzz seed {} ({} inputs per target); replay with --seed {}",
+        args.seed, args.inputs, args.seed
+    );
     let mut failed = false;
     for target in &args.targets {
         let started = Instant::now();

@@ -140,12 +140,17 @@ fn intact(key: &[u8], value: &Value) -> Result<(), String> {
         .map_err(|e| format!("value of {key:02x?} does not decode: {e}"))?;
     let payload = archived.payload.as_slice();
     let Some(split) = payload.len().checked_sub(8) else {
-        return Err(format!("value of {key:02x?}: payload of {} bytes has no checksum", payload.len()));
+        return Err(format!(
+            "value of {key:02x?}: payload of {} bytes has no checksum",
+            payload.len()
+        ));
     };
     let (body, sum) = payload.split_at(split);
     let sum = u64::from_le_bytes(sum.try_into().expect("8 bytes"));
     if checksum(key, body) != sum {
-        return Err(format!("value of {key:02x?}: checksum mismatch (corrupt bytes, or another key's value)"));
+        return Err(format!(
+            "value of {key:02x?}: checksum mismatch (corrupt bytes, or another key's value)"
+        ));
     }
     Ok(())
 }
@@ -184,24 +189,46 @@ fn pick_rates(rng: &mut fastrand::Rng) -> FaultRates {
         _ => {
             let rate = [3_000, 10_000, 30_000][rng.usize(0..3)];
             match rng.u8(0..5) {
-                0 => FaultRates { read_error: rate, ..FaultRates::NONE },
-                1 => FaultRates { write_error: rate, ..FaultRates::NONE },
-                2 => FaultRates { torn_write: rate, ..FaultRates::NONE },
-                3 => FaultRates { no_space: rate, ..FaultRates::NONE },
-                _ => FaultRates { sync_error: rate, ..FaultRates::NONE },
+                0 => FaultRates {
+                    read_error: rate,
+                    ..FaultRates::NONE
+                },
+                1 => FaultRates {
+                    write_error: rate,
+                    ..FaultRates::NONE
+                },
+                2 => FaultRates {
+                    torn_write: rate,
+                    ..FaultRates::NONE
+                },
+                3 => FaultRates {
+                    no_space: rate,
+                    ..FaultRates::NONE
+                },
+                _ => FaultRates {
+                    sync_error: rate,
+                    ..FaultRates::NONE
+                },
             }
         }
     }
 }
 
-async fn timed<T>(what: &str, seed: u64, step: usize, fut: impl std::future::Future<Output = T>) -> T {
+async fn timed<T>(
+    what: &str,
+    seed: u64,
+    step: usize,
+    fut: impl std::future::Future<Output = T>,
+) -> T {
     let timeout = async {
         glommio::timer::sleep(OP_TIMEOUT).await;
         None
     };
     futures_lite::future::or(async { Some(fut.await) }, timeout)
         .await
-        .unwrap_or_else(|| panic!("seed {seed} step {step}: {what} did not finish within {OP_TIMEOUT:?}"))
+        .unwrap_or_else(|| {
+            panic!("seed {seed} step {step}: {what} did not finish within {OP_TIMEOUT:?}")
+        })
 }
 
 async fn open(dir: &std::path::Path) -> Result<LsmStore, StoreError> {
@@ -249,11 +276,18 @@ async fn recovered(store: &LsmStore, carry: &Carry, seed: u64, life: u32) -> Mod
             );
             return candidate;
         }
-        let Some(command) = carry.unsure.get(prefix) else { break };
+        let Some(command) = carry.unsure.get(prefix) else {
+            break;
+        };
         candidate.apply(command);
         prefix += 1;
     }
-    let lost: Vec<&Key> = carry.durable.rows.keys().filter(|k| !got.contains_key(*k)).collect();
+    let lost: Vec<&Key> = carry
+        .durable
+        .rows
+        .keys()
+        .filter(|k| !got.contains_key(*k))
+        .collect();
     let unknown: Vec<&Key> = got
         .keys()
         .filter(|k| !carry.durable.rows.contains_key(*k))
@@ -314,7 +348,11 @@ async fn live(plan: Life, mut carry: Carry) -> (Carry, LifeReport) {
     let mut rng = fastrand::Rng::with_seed(rng_seed);
     let disk = Rc::new(FaultDisk::new(
         rng.u64(..),
-        if faults_at_open { rates } else { FaultRates::NONE },
+        if faults_at_open {
+            rates
+        } else {
+            FaultRates::NONE
+        },
     ));
     // Each fault is printed as it strikes: a failure's output shows what led to it.
     disk.echo(&format!("seed {seed} life {life}"));
@@ -328,7 +366,10 @@ async fn live(plan: Life, mut carry: Carry) -> (Carry, LifeReport) {
                 panic!("seed {seed} life {life}: reopen on a healthy disk after an open under faults failed: {e}")
             })
         }
-        Err(e) => panic!("seed {seed} life {life}: open failed: {e}; faults: {:?}", disk.injected()),
+        Err(e) => panic!(
+            "seed {seed} life {life}: open failed: {e}; faults: {:?}",
+            disk.injected()
+        ),
     };
     disk.set_rates(FaultRates::NONE);
     carry.durable = recovered(&store, &carry, seed, life).await;
@@ -358,7 +399,11 @@ async fn live(plan: Life, mut carry: Carry) -> (Carry, LifeReport) {
                     event_id_high_water: carry.next_event_id,
                 };
                 carry.high_water_max = carry.next_event_id;
-                let sync = if rng.bool() { Sync::Durable } else { Sync::Buffered };
+                let sync = if rng.bool() {
+                    Sync::Durable
+                } else {
+                    Sync::Buffered
+                };
                 commit(&store, command, sync, &mut carry, &mut applied, seed, step).await
             }
             // Deletes (ACKs) of stored keys, sometimes of unknown ones.
@@ -369,8 +414,21 @@ async fn live(plan: Life, mut carry: Carry) -> (Carry, LifeReport) {
                         _ => EventKey::new(TopicHash(3), 0, carry.next_event_id + 1_000_000),
                     })
                     .collect();
-                let sync = if rng.u8(0..4) == 0 { Sync::Durable } else { Sync::Buffered };
-                commit(&store, Command::Delete { keys }, sync, &mut carry, &mut applied, seed, step).await
+                let sync = if rng.u8(0..4) == 0 {
+                    Sync::Durable
+                } else {
+                    Sync::Buffered
+                };
+                commit(
+                    &store,
+                    Command::Delete { keys },
+                    sync,
+                    &mut carry,
+                    &mut applied,
+                    seed,
+                    step,
+                )
+                .await
             }
             // Overwrites of stored keys.
             550..=599 => {
@@ -382,7 +440,16 @@ async fn live(plan: Life, mut carry: Carry) -> (Carry, LifeReport) {
                     messages,
                     event_id_high_water: carry.next_event_id,
                 };
-                commit(&store, command, Sync::Buffered, &mut carry, &mut applied, seed, step).await
+                commit(
+                    &store,
+                    command,
+                    Sync::Buffered,
+                    &mut carry,
+                    &mut applied,
+                    seed,
+                    step,
+                )
+                .await
             }
             600..=639 => match timed("sync", seed, step, store.sync()).await {
                 Ok(()) => {
@@ -393,7 +460,9 @@ async fn live(plan: Life, mut carry: Carry) -> (Carry, LifeReport) {
                 Err(e) => Some(e),
             },
             640..=669 => timed("flush", seed, step, store.flush()).await.err(),
-            670..=689 => timed("compact", seed, step, store.compact_all()).await.err(),
+            670..=689 => timed("compact", seed, step, store.compact_all())
+                .await
+                .err(),
             // Scans from a random start, with limits.
             690..=899 => {
                 let start = match applied.pick(&mut rng) {
@@ -404,7 +473,14 @@ async fn live(plan: Life, mut carry: Carry) -> (Carry, LifeReport) {
                 match timed("scan", seed, step, store.scan(&start, None, limit)).await {
                     Ok(got) => {
                         let faulted = disk.counts().read_errors > read_faults;
-                        check_read(&got, &applied.scan(&start, limit), faulted, seed, step, "scan");
+                        check_read(
+                            &got,
+                            &applied.scan(&start, limit),
+                            faulted,
+                            seed,
+                            step,
+                            "scan",
+                        );
                     }
                     Err(e) => check_error(seed, step, "scan", &e),
                 }
@@ -416,8 +492,14 @@ async fn live(plan: Life, mut carry: Carry) -> (Carry, LifeReport) {
                     let key = key.to_key();
                     match timed("get", seed, step, store.get(&key)).await {
                         Ok(got) => {
-                            let got: Vec<(Key, Value)> = got.into_iter().map(|v| (key.clone(), v)).collect();
-                            let want: Vec<(Key, Value)> = applied.rows.get(&key).map(|v| (key.clone(), v.clone())).into_iter().collect();
+                            let got: Vec<(Key, Value)> =
+                                got.into_iter().map(|v| (key.clone(), v)).collect();
+                            let want: Vec<(Key, Value)> = applied
+                                .rows
+                                .get(&key)
+                                .map(|v| (key.clone(), v.clone()))
+                                .into_iter()
+                                .collect();
                             let faulted = disk.counts().read_errors > read_faults;
                             check_read(&got, &want, faulted, seed, step, "get");
                         }

@@ -24,9 +24,17 @@ pub enum Op<'a> {
     /// Opening a file (`create`: it may be created).
     Open { path: &'a Path, create: bool },
     /// A read of `len` bytes at `pos`.
-    Read { path: &'a Path, pos: u64, len: usize },
+    Read {
+        path: &'a Path,
+        pos: u64,
+        len: usize,
+    },
     /// A write of `len` bytes (aligned, padded) at `pos`.
-    Write { path: &'a Path, pos: u64, len: usize },
+    Write {
+        path: &'a Path,
+        pos: u64,
+        len: usize,
+    },
     /// fdatasync of a file.
     Sync { path: &'a Path },
     /// Reading a file's size.

@@ -141,7 +141,11 @@ impl FaultDisk {
             injected.pop_front();
         }
         let file: PathBuf = op.path().file_name().map(PathBuf::from).unwrap_or_default();
-        let line = format!("#{} {what} on {op:?} ({})", counts.operations, file.display());
+        let line = format!(
+            "#{} {what} on {op:?} ({})",
+            counts.operations,
+            file.display()
+        );
         if let Some(prefix) = self.echo.borrow().as_ref() {
             eprintln!("{prefix}: injected {line}");
         }
@@ -242,10 +246,13 @@ mod tests {
 
     #[test]
     fn torn_writes_keep_whole_sectors_and_less_than_the_write() {
-        let disk = FaultDisk::new(11, FaultRates {
-            torn_write: 1_000_000,
-            ..FaultRates::NONE
-        });
+        let disk = FaultDisk::new(
+            11,
+            FaultRates {
+                torn_write: 1_000_000,
+                ..FaultRates::NONE
+            },
+        );
         let path = Path::new("x");
         for _ in 0..200 {
             match disk.decide(write(path)) {
@@ -264,14 +271,21 @@ mod tests {
         let disk = FaultDisk::new(5, FaultRates::all(100_000));
         let path = Path::new("x");
         for _ in 0..10_000 {
-            let _ = disk.decide(Op::Read { path, pos: 0, len: 4096 });
+            let _ = disk.decide(Op::Read {
+                path,
+                pos: 0,
+                len: 4096,
+            });
             let _ = disk.decide(write(path));
             let _ = disk.decide(Op::Sync { path });
         }
         let c = disk.counts();
         assert!((800..1200).contains(&c.read_errors), "{c:?}");
         assert!((800..1200).contains(&c.sync_errors), "{c:?}");
-        assert!(c.no_space > 500 && c.write_errors > 500 && c.torn_writes > 500, "{c:?}");
+        assert!(
+            c.no_space > 500 && c.write_errors > 500 && c.torn_writes > 500,
+            "{c:?}"
+        );
         assert!(disk.injected().len() <= INJECTED_KEPT_MAX);
     }
 }
