@@ -654,3 +654,59 @@ fn acknowledged_writes_survive_injected_disk_faults_and_no_read_serves_corrupt_b
     );
     assert!(total > 0, "no fault was injected: nothing was tested");
 }
+
+/// Writes 8 KiB of `fill` at offset 0 of `path` through the engine's I/O layer.
+async fn write_fill(path: &std::path::Path, fill: u8) -> Result<(), StoreError> {
+    use pinq::storage::io as dio;
+    let file = dio::open_rw(path, false).await?;
+    let result = dio::write_padded(&file, path, 0, &[fill; 8192]).await;
+    dio::close(file, path).await?;
+    result.map(|_| ())
+}
+
+#[test]
+fn a_torn_write_keeps_whole_sectors_of_the_new_bytes_and_the_old_bytes_after_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().to_path_buf();
+    let (torn, no_space) = support::on_executor(move || async move {
+        pinq::storage::io::probe_disk(&root).await.expect("probe");
+        let path = root.join("torn");
+        write_fill(&path, b'A').await.expect("healthy write");
+        let disk = Rc::new(FaultDisk::new(
+            9,
+            FaultRates {
+                torn_write: 1_000_000,
+                ..FaultRates::NONE
+            },
+        ));
+        seam::install(disk.clone());
+        let torn = write_fill(&path, b'B').await;
+        disk.set_rates(FaultRates {
+            no_space: 1_000_000,
+            ..FaultRates::NONE
+        });
+        let no_space = write_fill(&path, b'C').await;
+        seam::uninstall();
+        assert_eq!(disk.counts().torn_writes, 1);
+        assert_eq!(disk.counts().no_space, 1);
+        (
+            torn.map_err(|e| e.to_string()),
+            no_space.map_err(|e| e.to_string()),
+        )
+    });
+    assert!(torn.is_err(), "a torn write must fail");
+    assert!(
+        no_space
+            .as_ref()
+            .is_err_and(|e| e.contains("No space left")),
+        "{no_space:?}"
+    );
+    let bytes = std::fs::read(dir.path().join("torn")).expect("read back");
+    assert_eq!(bytes.len(), 8192);
+    let kept = bytes.iter().take_while(|&&b| b == b'B').count();
+    assert_eq!(kept % 512, 0, "a torn write keeps whole sectors");
+    assert!(
+        bytes[kept..].iter().all(|&b| b == b'A'),
+        "after the torn prefix the old bytes stay, and the failed ENOSPC write changed nothing"
+    );
+}
