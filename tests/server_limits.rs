@@ -157,7 +157,8 @@ fn connections_beyond_max_connections_are_refused_with_their_code_until_some_clo
     let deadline = Instant::now() + CLOSE_WAIT;
     let open = extra
         .iter_mut()
-        .filter(|s| !closed_by(s, deadline))
+        .map(|s| closed_by(s, deadline))
+        .filter(|closed| !closed)
         .count();
     assert_eq!(open, 0, "connections beyond the cap left open");
     let page = scrape_until(&server, |p| {
