@@ -161,10 +161,11 @@ fn connections_beyond_max_connections_are_refused_with_their_code_until_some_clo
         .filter(|closed| !closed)
         .count();
     assert_eq!(open, 0, "connections beyond the cap left open");
-    let page = scrape_until(&server, |p| {
-        refusals(p, Code::TooManyConnections) >= 2001.0
-    });
-    assert!(refusals(&page, Code::TooManyConnections) >= 2001.0, "{page}");
+    let page = scrape_until(&server, |p| refusals(p, Code::TooManyConnections) >= 2001.0);
+    assert!(
+        refusals(&page, Code::TooManyConnections) >= 2001.0,
+        "{page}"
+    );
     // Closing the idle ones makes room: a new client is served.
     held.clear();
     let served = on_executor(move || async move {
@@ -191,7 +192,9 @@ fn an_idle_connection_is_closed_and_one_with_a_subscription_is_not() {
     );
     let addr = server.server_arg();
     let outcome = on_executor(move || async move {
-        let client = Client::connect(addr.as_str()).await.map_err(|e| e.to_string())?;
+        let client = Client::connect(addr.as_str())
+            .await
+            .map_err(|e| e.to_string())?;
         let _subscription = client
             .subscribe("idle-t", "g", 0)
             .await
@@ -272,6 +275,12 @@ fn calls_beyond_max_calls_in_flight_are_refused_and_the_server_keeps_serving() {
     assert!(ok >= 1, "no publish was served");
     assert!(too_many >= 1, "no call was refused ({ok} served)");
     after.expect("the connection serves calls after the refusals");
-    let page = scrape_until(&server, |p| refusals(p, Code::TooManyCalls) >= too_many as f64);
-    assert_eq!(refusals(&page, Code::TooManyCalls), too_many as f64, "{page}");
+    let page = scrape_until(&server, |p| {
+        refusals(p, Code::TooManyCalls) >= too_many as f64
+    });
+    assert_eq!(
+        refusals(&page, Code::TooManyCalls),
+        too_many as f64,
+        "{page}"
+    );
 }

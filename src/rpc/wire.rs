@@ -411,11 +411,10 @@ impl PublishMessageRef<'_> {
     /// The bytes `publish.maxMessageBytes` and `publish.maxBytesInFlight` count: the payload and
     /// every header's name and value (the topic has its own bound).
     pub fn counted_bytes(&self) -> usize {
-        self.headers
-            .iter()
-            .fold(self.payload.len(), |sum, h| {
-                sum.saturating_add(h.key.len()).saturating_add(h.value.len())
-            })
+        self.headers.iter().fold(self.payload.len(), |sum, h| {
+            sum.saturating_add(h.key.len())
+                .saturating_add(h.value.len())
+        })
     }
 
     /// The stored form of this message, enqueued at `enqueued_at_ms` (the broker's clock).

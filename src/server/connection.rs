@@ -57,7 +57,11 @@ pub async fn serve(
     let progress = Rc::new(ReadProgress::default());
     let (reader, writer) = futures_lite::io::split(stream);
     let network = twoparty::VatNetwork::new(
-        FrameGate::new(BufReader::new(reader), edge.frame_bytes_max, progress.clone()),
+        FrameGate::new(
+            BufReader::new(reader),
+            edge.frame_bytes_max,
+            progress.clone(),
+        ),
         BufWriter::new(writer),
         Side::Server,
         edge.reader_options,

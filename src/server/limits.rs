@@ -52,9 +52,11 @@ pub const ACCEPT_ERROR_LOG_INTERVAL_MS: u64 = 5_000;
 /// publish budget, plus [`FRAME_ALLOWANCE_BYTES`]. The budget caps it because a publish larger
 /// than the budget could only be admitted alone.
 pub fn frame_bytes_max(publish: &PublishConfig) -> usize {
-    let batch = publish
-        .batch_len_max
-        .saturating_mul(publish.message_bytes_max.saturating_add(MESSAGE_OVERHEAD_BYTES));
+    let batch = publish.batch_len_max.saturating_mul(
+        publish
+            .message_bytes_max
+            .saturating_add(MESSAGE_OVERHEAD_BYTES),
+    );
     batch
         .min(publish.bytes_in_flight_max)
         .saturating_add(FRAME_ALLOWANCE_BYTES)
@@ -307,7 +309,9 @@ impl<R: AsyncRead + Unpin> FrameGate<R> {
     /// Reads from the socket into `buf`, counting the bytes; `Ok(0)` is end of stream.
     fn read_inner(&mut self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
         let n = std::task::ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
-        self.progress.bytes.set(self.progress.bytes.get() + n as u64);
+        self.progress
+            .bytes
+            .set(self.progress.bytes.get() + n as u64);
         Poll::Ready(Ok(n))
     }
 
@@ -334,7 +338,11 @@ impl<R: AsyncRead + Unpin> FrameGate<R> {
     }
 
     /// Collects a large frame's body after its table in `out`.
-    fn poll_collect(&mut self, cx: &mut Context<'_>, body_left: &mut usize) -> Poll<io::Result<()>> {
+    fn poll_collect(
+        &mut self,
+        cx: &mut Context<'_>,
+        body_left: &mut usize,
+    ) -> Poll<io::Result<()>> {
         while *body_left > 0 {
             // Grow with what arrives: at most doubling what is already held.
             let grow = (*body_left).min(self.out.len().max(DIRECT_FRAME_BYTES_MAX));

@@ -109,10 +109,12 @@ fn section_keys_are_read_from_the_raw_structs() {
 
 #[test]
 fn a_publish_budget_smaller_than_one_message_is_refused_naming_the_key() {
-    let err = error_from_toml("[publish]\nmaxBytesInFlight = \"512KiB\"\nmaxMessageBytes = \"1MiB\"\n");
+    let err =
+        error_from_toml("[publish]\nmaxBytesInFlight = \"512KiB\"\nmaxMessageBytes = \"1MiB\"\n");
     assert_names_key(&err, "publish.maxBytesInFlight");
     assert!(
-        err.to_string().contains("must be at least publish.maxMessageBytes"),
+        err.to_string()
+            .contains("must be at least publish.maxMessageBytes"),
         "{err}"
     );
     let err = error_from_toml("[server]\nmaxConnections = 2000000\n");

@@ -23,7 +23,10 @@ fn frame(sizes_words: &[u32]) -> Vec<u8> {
 
 fn gate(bytes: Vec<u8>, max: usize) -> (FrameGate<Cursor<Vec<u8>>>, Rc<ReadProgress>) {
     let progress = Rc::new(ReadProgress::default());
-    (FrameGate::new(Cursor::new(bytes), max, progress.clone()), progress)
+    (
+        FrameGate::new(Cursor::new(bytes), max, progress.clone()),
+        progress,
+    )
 }
 
 #[test]
@@ -52,8 +55,7 @@ fn a_real_capnp_message_reads_back_through_the_gate() {
     let (mut g, _) = gate(bytes.clone(), 1 << 20);
     let mut out = Vec::new();
     block_on(g.read_to_end(&mut out)).unwrap();
-    let reader =
-        capnp::serialize::read_message(&mut out.as_slice(), Default::default()).unwrap();
+    let reader = capnp::serialize::read_message(&mut out.as_slice(), Default::default()).unwrap();
     let list = reader.get_root::<capnp::text_list::Reader<'_>>().unwrap();
     assert_eq!(list.len(), 1000);
 }
@@ -83,14 +85,21 @@ fn a_large_frame_never_sent_holds_only_what_arrived() {
     assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     // Nothing was handed to the reader above (it would have allocated 512 KiB).
     assert_eq!(buf, vec![0u8; 8]);
-    assert!(g.out.capacity() <= 4 * DIRECT_FRAME_BYTES_MAX, "{}", g.out.capacity());
+    assert!(
+        g.out.capacity() <= 4 * DIRECT_FRAME_BYTES_MAX,
+        "{}",
+        g.out.capacity()
+    );
     assert!(progress.frame_open.get());
 }
 
 #[test]
 fn default_frame_limit_is_the_publish_budget_plus_the_allowance() {
     let publish = PublishConfig::default();
-    assert_eq!(frame_bytes_max(&publish), (64 << 20) + FRAME_ALLOWANCE_BYTES);
+    assert_eq!(
+        frame_bytes_max(&publish),
+        (64 << 20) + FRAME_ALLOWANCE_BYTES
+    );
     let small = PublishConfig {
         message_bytes_max: 1000,
         batch_len_max: 10,
@@ -149,7 +158,10 @@ fn a_frame_begun_and_not_finished_within_the_timeout_is_stalled() {
     assert_eq!(dog.observe(seen(100, 4, 0, true, false)), Verdict::Keep);
     // More bytes of the same frame do not restart the frame's clock.
     assert_eq!(dog.observe(seen(400, 8, 0, true, false)), Verdict::Keep);
-    assert_eq!(dog.observe(seen(600, 9, 0, true, false)), Verdict::StalledFrame);
+    assert_eq!(
+        dog.observe(seen(600, 9, 0, true, false)),
+        Verdict::StalledFrame
+    );
     // Frames that finish between ticks are progress.
     let mut dog = Watchdog::new(&limits(60_000, 500), 0);
     for (i, now) in (0..20u64).zip((100..).step_by(300)) {
@@ -187,11 +199,17 @@ fn a_publish_waits_for_room_and_gives_up_after_its_wait() {
         .spawn(|| async {
             let budget = ByteBudget::new(100);
             let held = budget.acquire(80, Duration::from_millis(10)).await.unwrap();
-            let refused = budget.acquire(30, Duration::from_millis(20)).await.is_none();
+            let refused = budget
+                .acquire(30, Duration::from_millis(20))
+                .await
+                .is_none();
             let waiter = {
                 let budget = budget.clone();
                 glommio::spawn_local(async move {
-                    budget.acquire(30, Duration::from_secs(10)).await.map(|p| p.bytes)
+                    budget
+                        .acquire(30, Duration::from_secs(10))
+                        .await
+                        .map(|p| p.bytes)
                 })
             };
             glommio::timer::sleep(Duration::from_millis(20)).await;
@@ -243,7 +261,9 @@ fn a_repeated_accept_error_is_logged_once_per_interval_with_the_count_held_back(
     assert_eq!(log.note(5000), Some(99));
     assert_eq!(log.note(5001), None);
     let mut backoff = Backoff::default();
-    let pauses: Vec<u64> = (0..10).map(|_| backoff.failed().as_millis() as u64).collect();
+    let pauses: Vec<u64> = (0..10)
+        .map(|_| backoff.failed().as_millis() as u64)
+        .collect();
     assert_eq!(pauses, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
     backoff.succeeded();
     assert_eq!(backoff.failed(), Duration::from_millis(10));
