@@ -284,3 +284,27 @@ fn calls_beyond_max_calls_in_flight_are_refused_and_the_server_keeps_serving() {
         "{page}"
     );
 }
+
+#[test]
+fn a_batch_of_large_frames_across_both_shards_is_stored_whole() {
+    // 2 MiB in one request: the gate collects the frame before the reader sees it, and the
+    // parts for the two shards are stored concurrently.
+    let server = Server::start(&["--cpus", "0,1", "--storage", "memory"]);
+    let addr = server.server_arg();
+    let (tags, published) = on_executor(move || async move {
+        let client = Client::connect(addr.as_str()).await.expect("connect");
+        let batch: Vec<PublishMessage> = (0..100)
+            .map(|i| PublishMessage::new(format!("big-{i}"), vec![i as u8; 20 << 10]))
+            .collect();
+        let tags = client
+            .publish(&batch, AckLevel::Durable)
+            .await
+            .expect("publish");
+        let stats = client.stats().await.expect("stats");
+        let published: u64 = stats.shards.iter().map(|s| s.published).sum();
+        let shards_used = stats.shards.iter().filter(|s| s.published > 0).count();
+        assert_eq!(shards_used, 2, "the batch did not span both shards");
+        (tags.len(), published)
+    });
+    assert_eq!((tags, published), (100, 100));
+}
