@@ -12,6 +12,7 @@
 
 pub mod connection;
 pub mod exclusive;
+pub mod limits;
 pub mod mesh;
 pub mod shard;
 pub mod shutdown;
@@ -24,6 +25,7 @@ use anyhow::Context;
 use glommio::channels::shared_channel::{self, ConnectedReceiver, SharedReceiver, SharedSender};
 use glommio::{LocalExecutorBuilder, Placement};
 
+use self::limits::{Backoff, ConnectionCount, EdgeLimits, LogLimiter};
 use self::mesh::ShardMsg;
 use self::shard::{now_ms, Kick, Shard};
 use self::shutdown::ShutdownFlag;
@@ -134,6 +136,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         publish: config.publish.clone(),
         shards: Arc::new(Mutex::new(Vec::new())),
     };
+    let connections = ConnectionCount::new(config.server.client.connections_max);
     let (started_tx, started_rx) = mpsc::channel::<Result<Started, String>>();
     let mut handles = Vec::with_capacity(count);
     for (shard_id, (peer_senders, peer_receivers)) in senders.into_iter().zip(receivers).enumerate()
@@ -144,6 +147,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         let started = started_tx.clone();
         let ops = ops.clone();
         let cluster_view = cluster_view.clone();
+        let connections = connections.clone();
         let own_addr = config.server.shard_listen(shard_id);
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("pinq-shard-{shard_id}"))
@@ -160,6 +164,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                     started,
                     ops,
                     cluster_view,
+                    connections,
                 )
                 .await
             })
@@ -260,6 +265,7 @@ async fn shard_main(
     started: mpsc::Sender<Result<Started, String>>,
     ops: Ops,
     cluster_view: Option<ClusterView>,
+    connections: ConnectionCount,
 ) {
     let fail = |e: String| {
         let _ = started.send(Err(format!("shard {shard_id}: {e}")));
@@ -352,15 +358,17 @@ async fn shard_main(
     tracing::debug!(shard = shard_id, %shared_addr, %own_bound, "shard listening");
     inject_panic_if_asked(shard_id);
 
+    let edge = EdgeLimits::new(config.server.client, &config.publish, connections);
     let accept_own = {
         let shard = shard.clone();
         let topology = topology.clone();
-        async move { accept_loop(shard, topology, own, true).await }
+        let edge = edge.clone();
+        async move { accept_loop(shard, topology, edge, own, true).await }
     };
     // The accept loops never end on their own: the shutdown flag ends them, and dropping them
     // closes both listeners before the shard drains.
     let accepting = futures_lite::future::zip(
-        accept_loop(shard.clone(), topology, shared, false),
+        accept_loop(shard.clone(), topology, edge, shared, false),
         accept_own,
     );
     futures_lite::future::or(
@@ -495,26 +503,47 @@ fn start_cluster(
     Ok(())
 }
 
+/// Accepts clients until dropped. A connection beyond `server.maxConnections` is handed to
+/// [`connection::refuse`], which answers it with `tooManyConnections`. A failed accept (EMFILE:
+/// out of file descriptors) backs off, doubling up to 1 s, and is logged at most once per
+/// [`limits::ACCEPT_ERROR_LOG_INTERVAL_MS`] with the count of the failures not logged.
 async fn accept_loop(
     shard: Rc<Shard>,
     topology: Topology,
+    edge: Rc<EdgeLimits>,
     listener: glommio::net::TcpListener,
     own_port: bool,
 ) {
+    let mut log = LogLimiter::new(limits::ACCEPT_ERROR_LOG_INTERVAL_MS);
+    let mut backoff = Backoff::default();
     loop {
         match listener.accept().await {
             Ok(stream) => {
+                backoff.succeeded();
+                let Some(slot) = edge.connections.try_open() else {
+                    connection::refuse(shard.clone(), edge.clone(), stream);
+                    continue;
+                };
                 glommio::spawn_local(connection::serve(
                     shard.clone(),
                     topology.clone(),
+                    edge.clone(),
+                    slot,
                     stream,
                     own_port,
                 ))
                 .detach();
             }
             Err(e) => {
-                tracing::warn!(shard = shard.id, "accept failed: {e}");
-                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                let pause = backoff.failed();
+                if let Some(suppressed) = log.note(now_ms()) {
+                    tracing::warn!(
+                        shard = shard.id,
+                        suppressed,
+                        "accept failed: {e}; retrying in {pause:?} ({suppressed} more failures since the last line)"
+                    );
+                }
+                glommio::timer::sleep(pause).await;
             }
         }
     }

@@ -96,10 +96,29 @@ fn section_keys_are_read_from_the_raw_structs() {
             "listen",
             "metricsListen",
             "shardPortBase",
-            "numa"
+            "numa",
+            "maxConnections",
+            "idleTimeout",
+            "frameTimeout",
+            "maxCallsInFlight",
+            "maxSubscriptionsPerConnection"
         ]
     );
-    assert_eq!(all_keys().len(), 13 + 3 + 6 + 3 + 10);
+    assert_eq!(all_keys().len(), 13 + 4 + 11 + 3 + 10);
+}
+
+#[test]
+fn a_publish_budget_smaller_than_one_message_is_refused_naming_the_key() {
+    let err =
+        error_from_toml("[publish]\nmaxBytesInFlight = \"512KiB\"\nmaxMessageBytes = \"1MiB\"\n");
+    assert_names_key(&err, "publish.maxBytesInFlight");
+    assert!(
+        err.to_string()
+            .contains("must be at least publish.maxMessageBytes"),
+        "{err}"
+    );
+    let err = error_from_toml("[server]\nmaxConnections = 2000000\n");
+    assert_names_key(&err, "server.maxConnections");
 }
 
 #[test]
@@ -120,6 +139,12 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
         ("delivery", "scanBatchSize", "0"),
         ("publish", "maxMessageBytes", "0"),
         ("publish", "maxBatchMessages", "0"),
+        ("publish", "maxBytesInFlight", "0"),
+        ("server", "maxConnections", "0"),
+        ("server", "idleTimeout", "\"0s\""),
+        ("server", "frameTimeout", "\"0ms\""),
+        ("server", "maxCallsInFlight", "0"),
+        ("server", "maxSubscriptionsPerConnection", "0"),
         ("storage", "memtableBytes", "\"0MiB\""),
         ("storage", "walSegmentBytes", "0"),
         ("cluster", "tickInterval", "\"0ms\""),
@@ -429,12 +454,18 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "64KiB"),
         ("PINQ_PUBLISH_MAX_BATCH_MESSAGES", "500"),
         ("PINQ_PUBLISH_MIN_ACK_LEVEL", "durable"),
+        ("PINQ_PUBLISH_MAX_BYTES_IN_FLIGHT", "8MiB"),
         ("PINQ_SERVER_DATA_DIR", "/var/lib/pinq"),
         ("PINQ_SERVER_CPUS", "1"),
         ("PINQ_SERVER_LISTEN", "0.0.0.0:7500"),
         ("PINQ_SERVER_METRICS_LISTEN", "127.0.0.1:9500"),
         ("PINQ_SERVER_SHARD_PORT_BASE", "8000"),
         ("PINQ_SERVER_NUMA", "auto"),
+        ("PINQ_SERVER_MAX_CONNECTIONS", "100"),
+        ("PINQ_SERVER_IDLE_TIMEOUT", "30s"),
+        ("PINQ_SERVER_FRAME_TIMEOUT", "2s"),
+        ("PINQ_SERVER_MAX_CALLS_IN_FLIGHT", "64"),
+        ("PINQ_SERVER_MAX_SUBSCRIPTIONS_PER_CONNECTION", "8"),
         ("PINQ_STORAGE_ENGINE", "memory"),
         ("PINQ_STORAGE_MEMTABLE_BYTES", "1048576"),
         ("PINQ_STORAGE_WAL_SEGMENT_BYTES", "8MiB"),
@@ -480,6 +511,7 @@ fn every_key_can_be_set_from_its_environment_variable() {
             message_bytes_max: 64 << 10,
             batch_len_max: 500,
             ack_level_min: AckLevel::Durable,
+            bytes_in_flight_max: 8 << 20,
         },
         server: ServerConfig {
             data_dir: PathBuf::from("/var/lib/pinq"),
@@ -488,6 +520,13 @@ fn every_key_can_be_set_from_its_environment_variable() {
             metrics_listen: "127.0.0.1:9500".parse().unwrap(),
             shard_port_base: Some(8000),
             numa: NumaMode::Auto,
+            client: ClientLimits {
+                connections_max: 100,
+                idle_timeout_ms: 30_000,
+                frame_timeout_ms: 2_000,
+                calls_in_flight_max: 64,
+                subscriptions_max: 8,
+            },
         },
         storage: StorageConfig {
             engine: StorageEngine::Memory,
