@@ -15,7 +15,9 @@
 //! past a bound is refused with a [`Limit`] naming it and its config key; members of existing
 //! groups keep coming and going. A group without members counts until it is forgotten, so the
 //! hub keeps those groups in a queue ordered by the time they emptied ([`Hub::take_retired`]):
-//! retiring them costs O(groups due), never a walk of every group.
+//! retiring them costs O(groups due), never a walk of every group. Likewise the recipients
+//! whose retry list a pass serves are kept in a set ([`Hub::servable`]: members and copies
+//! waiting), so parked claims of groups without members cost a pass nothing.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -155,6 +157,8 @@ pub struct Hub {
     emptied: BTreeSet<(u64, RecipientId)>,
     /// Entries of `emptied` looked at by [`Hub::take_retired`] (tests count the work with it).
     pub retire_checks_total: u64,
+    /// Recipients with members and a non-empty retry list: what a pass serves.
+    servable: BTreeSet<RecipientId>,
 }
 
 /// What [`Hub::register`] created.
@@ -200,7 +204,37 @@ impl Hub {
             groups_len: 0,
             emptied: BTreeSet::new(),
             retire_checks_total: 0,
+            servable: BTreeSet::new(),
         }
+    }
+
+    /// Recipients a pass should serve: with members, and copies in their retry list.
+    pub fn servable(&self) -> impl Iterator<Item = RecipientId> + '_ {
+        self.servable.iter().copied()
+    }
+
+    /// Call after a recipient's members or retry list changed: keeps [`Hub::servable`] exact.
+    pub fn note_pending(&mut self, recipient: RecipientId) {
+        match self.recipients.get(&recipient) {
+            Some(r) if r.has_members() && !r.pending.is_empty() => {
+                self.servable.insert(recipient);
+            }
+            _ => {
+                self.servable.remove(&recipient);
+            }
+        }
+    }
+
+    /// Checks [`Hub::servable`] against a walk of every recipient (tests).
+    #[cfg(test)]
+    pub fn assert_servable_exact(&self) {
+        let walked: BTreeSet<RecipientId> = self
+            .recipients
+            .iter()
+            .filter(|(_, r)| r.has_members() && !r.pending.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(walked, self.servable, "servable recipients");
     }
 
     /// Groups in the hub, with members or not.
@@ -346,6 +380,7 @@ impl Hub {
                 held: AHashSet::default(),
             },
         );
+        self.note_pending(recipient);
         Ok(Registered {
             consumer,
             recipient,
@@ -400,6 +435,7 @@ impl Hub {
             }
             None => {}
         }
+        self.note_pending(removed.recipient);
         let mut topic_unserved = false;
         if let Some(members) = self.topics.get_mut(&removed.topic) {
             members.live_consumers -= 1;
@@ -422,6 +458,7 @@ impl Hub {
             return None;
         }
         let removed = self.recipients.remove(&recipient)?;
+        self.servable.remove(&recipient);
         if let RecipientKind::Group {
             name,
             empty_since_ms,

@@ -292,6 +292,32 @@ fn retiring_groups_looks_only_at_the_groups_due() {
     );
 }
 
+#[test]
+fn parked_claims_of_groups_without_members_cost_a_pass_nothing() {
+    let mut sim = Sim::new(config());
+    let groups = 1_000;
+    let members: Vec<ConsumerId> = (0..groups)
+        .map(|i| sim.subscribe("t", &format!("g{i}")))
+        .collect();
+    sim.publish("t", "m");
+    sim.settle();
+    for c in &members {
+        assert_eq!(sim.recv(*c).len(), 1);
+        sim.core.borrow_mut().unsubscribe(sim.now_ms, *c).unwrap();
+    }
+    // Each group parked its copy in its retry list; none has a member to serve it.
+    assert_eq!(sim.core.borrow().stats().pending_copies, groups);
+    assert_eq!(sim.core.borrow().servable_len(), 0);
+    sim.pass();
+    sim.core.borrow().assert_consistent();
+    // A returning member makes its group servable, and gets the copy.
+    let back = sim.subscribe("t", "g7");
+    assert_eq!(sim.core.borrow().servable_len(), 1);
+    sim.settle();
+    assert_eq!(sim.recv(back).len(), 1);
+    assert_eq!(sim.core.borrow().servable_len(), 0);
+}
+
 fn checks(sim: &Sim) -> u64 {
     sim.core.borrow().retire_checks_total()
 }

@@ -221,10 +221,17 @@ impl ShardCore {
         self.hub.retire_checks_total
     }
 
+    /// Recipients the next pass serves the retry list of (tests).
+    #[cfg(test)]
+    pub(crate) fn servable_len(&self) -> usize {
+        self.hub.servable().count()
+    }
+
     /// Checks the core's internal bookkeeping against a walk of its tables (tests).
     #[cfg(test)]
     pub(crate) fn assert_consistent(&self) {
         self.inflight.assert_timers_match_copies();
+        self.hub.assert_servable_exact();
     }
 
     /// Whether an in-flight entry for `key` still holds its value (`None`: no entry).

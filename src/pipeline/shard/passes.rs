@@ -44,15 +44,10 @@ impl ShardCore {
 
         self.forget_retired_groups(now_ms);
 
-        let recipients: Vec<RecipientId> = self
-            .hub
-            .recipients
-            .iter()
-            .filter(|(_, r)| !r.pending.is_empty() && r.has_members())
-            .map(|(id, _)| *id)
-            .collect();
+        let recipients: Vec<RecipientId> = self.hub.servable().collect();
         for recipient in recipients {
             self.serve_pending(recipient, now_ms);
+            self.hub.note_pending(recipient);
         }
 
         let bound_bucket = due_bucket_bound(now_ms, self.delivery.time_bucket_ms);
@@ -227,6 +222,7 @@ impl ShardCore {
                 if !self.offer(key, *recipient, now_ms) {
                     if let Some(r) = self.hub.recipients.get_mut(recipient) {
                         r.pending.push_back(key);
+                        self.hub.note_pending(*recipient);
                     }
                 }
             }

@@ -22,6 +22,7 @@ impl ShardCore {
         self.inflight
             .set_state(key, recipient, CopyState::Pending, false);
         r.pending.push_back(key);
+        self.hub.note_pending(recipient);
         self.wake = true;
     }
 
