@@ -145,6 +145,8 @@ struct Model {
     groups_seen: BTreeSet<(usize, &'static str)>,
     /// Subscriptions refused so far: past a bound on groups, past a bound on consumers.
     refused: (u64, u64),
+    /// Groups whose last member left, and when (retention may forget them).
+    groups_emptied: BTreeMap<(usize, &'static str), u64>,
 }
 
 impl Model {
@@ -194,6 +196,7 @@ impl Model {
             trace: Vec::new(),
             groups_seen: BTreeSet::new(),
             refused: (0, 0),
+            groups_emptied: BTreeMap::new(),
         };
         model.note(format!("seed {seed}: {} topics, {:?}", topics, model.cfg));
         for topic in 0..topics {
@@ -463,6 +466,12 @@ impl Model {
         );
         if !group.is_empty() {
             self.groups_seen.insert((topic, group));
+            // A group retention may have forgotten is a new recipient of the same name: what the
+            // old one did (ACKs, locks) says nothing about it.
+            let emptied = self.groups_emptied.remove(&(topic, group));
+            if emptied.is_some_and(|at| now >= at + self.cfg.group_retention_ms) {
+                self.forget_records(topic, group);
+            }
         }
         self.note(format!(
             "@{now} subscribe {} {group:?}{} -> {id:?}",
@@ -482,6 +491,13 @@ impl Model {
         );
         assert!(fresh.is_none(), "consumer id reused: {id:?}");
         Some(id)
+    }
+
+    /// Drops what the model knows of a group's copies: the group was (or may have been)
+    /// forgotten, and a group of that name is a new recipient.
+    fn forget_records(&mut self, topic: usize, group: &'static str) {
+        let rcpt = Rcpt::Group { topic, group };
+        self.copies.retain(|(_, r), _| *r != rcpt);
     }
 
     /// A subscription was refused: the bound it names must really be reached.
@@ -530,7 +546,15 @@ impl Model {
         let now = self.now();
         self.note(format!("@{now} unsubscribe {id:?}"));
         self.sim.core.borrow_mut().unsubscribe(now, id).unwrap();
-        self.consumers.remove(&id);
+        if let Some(gone) = self.consumers.remove(&id) {
+            let left = self
+                .consumers
+                .values()
+                .any(|c| c.topic == gone.topic && c.group == gone.group);
+            if !gone.group.is_empty() && !left {
+                self.groups_emptied.insert((gone.topic, gone.group), now);
+            }
+        }
         // Copies it was known to hold are released at once: the next pass may hand them to
         // anyone. (A copy whose lock has lapsed may already have moved on: nothing is known.)
         let passes = self.passes;
@@ -573,6 +597,10 @@ impl Model {
             );
         } else {
             self.groups_seen.remove(&(topic, "g2"));
+        }
+        if result.is_ok() {
+            self.groups_emptied.remove(&(topic, "g2"));
+            self.forget_records(topic, "g2");
         }
     }
 
