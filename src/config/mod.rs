@@ -62,6 +62,13 @@ pub struct DeliveryConfig {
     pub retry_len_max: usize,
     /// `delivery.scanBatchSize`: keys read per topic per scan request.
     pub scan_batch_len_max: usize,
+    /// `delivery.maxGroupsPerTopic`: groups of one topic on a shard, with consumers or not.
+    pub groups_per_topic_max: usize,
+    /// `delivery.maxGroupsPerShard`: groups of all topics on a shard, with consumers or not.
+    pub groups_per_shard_max: usize,
+    /// `delivery.maxConsumersPerGroup`: consumers of one group (and universal consumers of one
+    /// topic).
+    pub consumers_per_group_max: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -80,6 +87,9 @@ impl Default for DeliveryConfig {
             unacked_per_consumer_max: 16_384,
             retry_len_max: 65_536,
             scan_batch_len_max: 256,
+            groups_per_topic_max: 1024,
+            groups_per_shard_max: 16_384,
+            consumers_per_group_max: 1024,
         }
     }
 }

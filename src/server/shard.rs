@@ -38,7 +38,7 @@ use crate::cluster::driver::ReplicatedStore;
 use crate::cluster::view::ClusterView;
 use crate::config::DeliveryConfig;
 use crate::metrics::{MetricsSlots, Problem, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
-use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
+use crate::pipeline::{drive, ConsumerError, ConsumerId, Delivery, ShardCore};
 use crate::rpc::refusal::{Code, RefusalCounts};
 use crate::storage::{ShardStore, StoreError};
 
@@ -368,7 +368,7 @@ impl Shard {
                     );
                 }
                 self.dispatcher.kick();
-                let _ = reply.send(result.map_err(|e| Refused::Failed(e.to_string())));
+                let _ = reply.send(result.map_err(|e| self.consumer_refusal(e)));
             }
             Request::Unsubscribe { consumer } => {
                 self.routes.borrow_mut().remove(&consumer);
@@ -413,6 +413,19 @@ impl Shard {
                 let _ = reply.send(result.map_err(|e| Refused::Failed(e.to_string())));
             }
         }
+    }
+
+    /// The refusal of a consumer call. A bound's refusal (groups, consumers per group) is
+    /// counted, and its text starts with its code, which the connection passes on in its
+    /// exception ("subscribe: tooManyGroups: ..."), so the client reads the code from it.
+    fn consumer_refusal(&self, e: ConsumerError) -> Refused {
+        let code = match &e {
+            ConsumerError::Limit(limit) if limit.is_groups() => Code::TooManyGroups,
+            ConsumerError::Limit(_) => Code::TooManyConsumers,
+            _ => return Refused::Failed(e.to_string()),
+        };
+        self.refused(code);
+        Refused::Failed(code.error(e).extra)
     }
 
     /// Answers a request that needs a serving shard with `NotLeader` when this one does not

@@ -60,6 +60,9 @@ const CONSUMER_QUEUE_LEN_LIMIT: usize = 1 << 20;
 const UNACKED_PER_CONSUMER_LIMIT: usize = 1 << 24;
 const RETRY_LEN_LIMIT: usize = 1 << 24;
 const SCAN_BATCH_LEN_LIMIT: usize = 1 << 16;
+const GROUPS_PER_TOPIC_LIMIT: usize = 1 << 20;
+const GROUPS_PER_SHARD_LIMIT: usize = 1 << 24;
+const CONSUMERS_PER_GROUP_LIMIT: usize = 1 << 20;
 const MESSAGE_BYTES_LIMIT: u64 = 64 << 20;
 const BATCH_LEN_LIMIT: usize = 1_000_000;
 const BYTES_IN_FLIGHT_MIN: u64 = 64 << 10;
@@ -547,6 +550,24 @@ impl ConfigLoader {
                 raw.scan_batch_size,
                 d.scan_batch_len_max,
                 SCAN_BATCH_LEN_LIMIT,
+            )?,
+            groups_per_topic_max: self.count(
+                "delivery.maxGroupsPerTopic",
+                raw.max_groups_per_topic,
+                d.groups_per_topic_max,
+                GROUPS_PER_TOPIC_LIMIT,
+            )?,
+            groups_per_shard_max: self.count(
+                "delivery.maxGroupsPerShard",
+                raw.max_groups_per_shard,
+                d.groups_per_shard_max,
+                GROUPS_PER_SHARD_LIMIT,
+            )?,
+            consumers_per_group_max: self.count(
+                "delivery.maxConsumersPerGroup",
+                raw.max_consumers_per_group,
+                d.consumers_per_group_max,
+                CONSUMERS_PER_GROUP_LIMIT,
             )?,
         })
     }

@@ -33,6 +33,9 @@ pub(super) struct RawDelivery {
     pub(super) max_unacked_per_consumer: Option<u64>,
     pub(super) retry_queue_size: Option<u64>,
     pub(super) scan_batch_size: Option<u64>,
+    pub(super) max_groups_per_topic: Option<u64>,
+    pub(super) max_groups_per_shard: Option<u64>,
+    pub(super) max_consumers_per_group: Option<u64>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

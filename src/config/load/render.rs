@@ -67,6 +67,9 @@ impl Config {
              maxUnackedPerConsumer = {}\n\
              retryQueueSize = {}\n\
              scanBatchSize = {}\n\
+             maxGroupsPerTopic = {}\n\
+             maxGroupsPerShard = {}\n\
+             maxConsumersPerGroup = {}\n\
              \n[publish]\n\
              maxMessageBytes = {}\n\
              maxBatchMessages = {}\n\
@@ -102,6 +105,9 @@ impl Config {
             d.unacked_per_consumer_max,
             d.retry_len_max,
             d.scan_batch_len_max,
+            d.groups_per_topic_max,
+            d.groups_per_shard_max,
+            d.consumers_per_group_max,
             bytes(p.message_bytes_max as u64),
             p.batch_len_max,
             text(p.ack_level_min.as_str()),

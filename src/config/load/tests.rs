@@ -84,7 +84,8 @@ fn section_keys_are_read_from_the_raw_structs() {
         assert!(section_keys(section).is_some(), "{section}");
     }
     let delivery = section_keys("delivery").unwrap();
-    assert_eq!(delivery.len(), 13);
+    assert_eq!(delivery.len(), 16);
+    assert!(delivery.contains(&"maxGroupsPerTopic"));
     assert!(delivery.contains(&"inFlightTimeout"));
     assert!(delivery.contains(&"ttlSweepInterval"));
     assert!(delivery.contains(&"maxUnackedPerConsumer"));
@@ -104,7 +105,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "maxSubscriptionsPerConnection"
         ]
     );
-    assert_eq!(all_keys().len(), 13 + 4 + 11 + 3 + 10);
+    assert_eq!(all_keys().len(), 16 + 4 + 11 + 3 + 10);
 }
 
 #[test]
@@ -137,6 +138,9 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
         ("delivery", "maxUnackedPerConsumer", "0"),
         ("delivery", "retryQueueSize", "0"),
         ("delivery", "scanBatchSize", "0"),
+        ("delivery", "maxGroupsPerTopic", "0"),
+        ("delivery", "maxGroupsPerShard", "0"),
+        ("delivery", "maxConsumersPerGroup", "0"),
         ("publish", "maxMessageBytes", "0"),
         ("publish", "maxBatchMessages", "0"),
         ("publish", "maxBytesInFlight", "0"),
@@ -297,6 +301,18 @@ fn out_of_range_values_are_rejected_naming_the_key() {
             "delivery.scanBatchSize",
         ),
         (
+            "[delivery]\nmaxGroupsPerTopic = 2000000\n",
+            "delivery.maxGroupsPerTopic",
+        ),
+        (
+            "[delivery]\nmaxGroupsPerShard = 20000000\n",
+            "delivery.maxGroupsPerShard",
+        ),
+        (
+            "[delivery]\nmaxConsumersPerGroup = 2000000\n",
+            "delivery.maxConsumersPerGroup",
+        ),
+        (
             "[delivery]\ndeleteBatchesInFlight = 65\n",
             "delivery.deleteBatchesInFlight",
         ),
@@ -451,6 +467,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_DELIVERY_MAX_UNACKED_PER_CONSUMER", "100"),
         ("PINQ_DELIVERY_RETRY_QUEUE_SIZE", "1000"),
         ("PINQ_DELIVERY_SCAN_BATCH_SIZE", "32"),
+        ("PINQ_DELIVERY_MAX_GROUPS_PER_TOPIC", "3"),
+        ("PINQ_DELIVERY_MAX_GROUPS_PER_SHARD", "7"),
+        ("PINQ_DELIVERY_MAX_CONSUMERS_PER_GROUP", "5"),
         ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "64KiB"),
         ("PINQ_PUBLISH_MAX_BATCH_MESSAGES", "500"),
         ("PINQ_PUBLISH_MIN_ACK_LEVEL", "durable"),
@@ -506,6 +525,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
             unacked_per_consumer_max: 100,
             retry_len_max: 1000,
             scan_batch_len_max: 32,
+            groups_per_topic_max: 3,
+            groups_per_shard_max: 7,
+            consumers_per_group_max: 5,
         },
         publish: PublishConfig {
             message_bytes_max: 64 << 10,
