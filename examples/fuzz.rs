@@ -457,22 +457,20 @@ fn corpus_publish(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// The reader options of a server that bounds traversal by the frame it received (as
-/// `cluster::wire` does): with capnp's default 64 MiB limit a list of zero-sized header structs,
-/// which capnp charges one word each, lets a 600-byte request make `read_publish_batch` allocate
-/// 150 MB (`fuzz/regressions/publish/`).
-fn publish_reader_options(frame_bytes: usize) -> capnp::message::ReaderOptions {
-    let mut options = capnp::message::ReaderOptions::new();
-    options.traversal_limit_in_words(Some(frame_bytes.div_ceil(8).max(8)));
-    options
+/// The reader options the server itself reads client requests with (`server::limits`), for the
+/// default `[publish]` limits: the target sees exactly what a client's bytes meet. A list of
+/// zero-sized header structs costs no bytes but one word of traversal each; with these options
+/// alone a 600-byte request once made `read_publish_batch` allocate 150 MB, until the reader
+/// bounded the header count (`fuzz/regressions/publish/`).
+fn publish_reader_options() -> capnp::message::ReaderOptions {
+    pinq::server::limits::reader_options(&pinq::config::PublishConfig::default())
 }
 
 fn decode_publish(bytes: &[u8]) {
     let mut slice = bytes;
-    let Ok(reader) = capnp::serialize::read_message_from_flat_slice(
-        &mut slice,
-        publish_reader_options(bytes.len()),
-    ) else {
+    let Ok(reader) =
+        capnp::serialize::read_message_from_flat_slice(&mut slice, publish_reader_options())
+    else {
         return;
     };
     let Ok(params) = reader.get_root::<broker::publish_params::Reader>() else {

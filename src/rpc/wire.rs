@@ -466,6 +466,9 @@ fn unsigned_ms(value: i64, field: Field) -> Result<u64, WireError> {
     u64::try_from(value).map_err(|_| WireError::Negative { field, value })
 }
 
+/// Headers one published message may carry (PRODUCT.md §5; README, "Client limits").
+pub const HEADERS_PER_MESSAGE_MAX: u32 = 256;
+
 /// Reads and validates one message of a publish batch (`index` is for error texts). What only
 /// the wire can get wrong (UTF-8, signs) is checked while reading; the limits are checked by
 /// [`check_publish_message`], the one check in-process publishers go through too.
@@ -483,6 +486,15 @@ pub fn read_publish_message<'a>(
     let ttl_ms = unsigned_ms(reader.get_ttl_ms(), Field::at("messages", index, "ttlMs"))?;
     let headers = if reader.has_headers() {
         let list = reader.get_headers()?;
+        // Checked before anything is allocated: a list of zero-sized structs costs no bytes on
+        // the wire, so its length alone could ask for gigabytes.
+        if list.len() > HEADERS_PER_MESSAGE_MAX {
+            return Err(WireError::TooLarge {
+                field: Field::at("messages", index, "headers (count)"),
+                value: u64::from(list.len()),
+                max: u64::from(HEADERS_PER_MESSAGE_MAX),
+            });
+        }
         let mut headers = Vec::with_capacity(list.len() as usize);
         for h in list.iter() {
             headers.push(HeaderRef {
