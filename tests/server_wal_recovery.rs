@@ -96,7 +96,8 @@ fn segments(data_dir: &Path) -> Vec<(PathBuf, Vec<usize>)> {
     out.into_iter().map(|(_, p, o)| (p, o)).collect()
 }
 
-/// Every file of the data directory and its bytes.
+/// Every file of the data directory and its bytes, but the lock file (it holds the pid of the
+/// last broker that opened the directory: process state, not data).
 fn snapshot(data_dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut out = BTreeMap::new();
     let mut dirs = vec![data_dir.to_path_buf()];
@@ -105,6 +106,8 @@ fn snapshot(data_dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
             let path = entry.path();
             if path.is_dir() {
                 dirs.push(path);
+            } else if path.file_name().is_some_and(|n| n == "pinq.lock") {
+                continue;
             } else {
                 out.insert(path.clone(), std::fs::read(&path).expect("read file"));
             }

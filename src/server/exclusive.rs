@@ -88,6 +88,12 @@ pub fn ensure_port_free(addr: SocketAddr, what: &str) -> anyhow::Result<()> {
             drop(probe);
             Ok(())
         }
+        // Connections a stopped broker left behind (FIN_WAIT, TIME_WAIT: the kernel's, not a
+        // process's) also make this bind fail, without anyone listening: only a listener is
+        // another broker. glommio's own bind (with SO_REUSEPORT) succeeds beside them.
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && !is_listened_on(addr.port()) => {
+            Ok(())
+        }
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
             let holder = port_holder(addr.port())
                 .map(|h| format!(" by {h}"))
@@ -99,6 +105,16 @@ pub fn ensure_port_free(addr: SocketAddr, what: &str) -> anyhow::Result<()> {
         }
         Err(e) => anyhow::bail!("cannot listen on {what} {addr}: {e}"),
     }
+}
+
+/// Whether any socket listens on TCP `port` (`/proc/net/tcp`, `/proc/net/tcp6`). When the
+/// tables cannot be read, assume so (refusing is the safe side).
+fn is_listened_on(port: u16) -> bool {
+    let tables: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .collect();
+    tables.is_empty() || tables.iter().any(|t| !listening_inodes(t, port).is_empty())
 }
 
 /// `pid N (comm)` of a process listening on TCP `port`, read from `/proc` (best effort: `None`
