@@ -141,41 +141,54 @@ fn a_full_disk_refuses_writes_serves_reads_and_heals_when_space_returns() {
     let server = Server::start_in(&data_dir, &["--cpus", "0", "--storage", "lsm"], &env);
     let metrics = server.metrics_addr.expect("metrics endpoint");
 
-    // Durable publishes until the store refuses one: 24 MiB cannot hold 64 MiB.
-    let (acked, refusal) = with_client(server.server_arg(), |client| async move {
+    // Durable publishes until the store refuses one (24 MiB cannot hold 64 MiB), and on until
+    // `/healthz` reports the full disk: the disk has room again for a moment whenever a failed
+    // compaction removes its output, and a refusal is only reported while writes fail.
+    let addr = server.server_arg();
+    let (mut acked, refusals, health) = with_client(addr, move |client| async move {
         let mut acked = Vec::new();
-        for b in 0..4096u32 {
+        let mut refusals = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut b = 0u32;
+        while Instant::now() < deadline {
             match client.publish(&batch(b), AckLevel::Durable).await {
                 Ok(_) => acked.push(b),
-                Err(e) => return (acked, Some((is_disk_full(&e), e.to_string()))),
+                Err(e) => {
+                    refusals.push((is_disk_full(&e), e.to_string()));
+                    let answer = http_get(metrics, "/healthz");
+                    if answer.0 == 503 {
+                        return (acked, refusals, Some(answer.1));
+                    }
+                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                }
             }
+            b += 1;
         }
-        (acked, None)
+        (acked, refusals, None)
     });
-    let (coded, text) = refusal.expect("a 32 MiB disk took 1 GiB of durable publishes");
-    assert!(coded, "refused as diskFull: {text}");
+    assert!(!refusals.is_empty(), "a 32 MiB disk took {} batches of 256 KiB", acked.len());
+    assert!(
+        refusals.iter().all(|(coded, _)| *coded),
+        "every refusal is diskFull: {refusals:?}"
+    );
+    let body = health.expect("/healthz answered 503 while publishes were refused");
+    assert!(body.contains("disk full"), "/healthz names it: {body}");
     assert!(acked.len() > 10, "some batches were stored first: {}", acked.len());
 
-    // While full: a publish is still refused, stored messages are delivered, /healthz is 503.
-    let again = with_client(server.server_arg(), |client| async move {
-        client.publish(&batch(90_000), AckLevel::Durable).await.err()
-    });
-    assert!(
-        again.as_ref().is_some_and(is_disk_full),
-        "still refused while full: {again:?}"
-    );
-    let (status, body) = healthz_until(metrics, 503, Duration::from_secs(10));
-    assert_eq!(status, 503, "/healthz while the disk is full: {body}");
-    assert!(body.contains("disk full"), "/healthz names it: {body}");
+    // Reads go on: stored messages are delivered while writes are refused.
     let early = receive(server.server_arg(), "reader", 64);
-    assert_eq!(early.len(), 64, "stored messages are delivered while the disk is full");
+    assert!(
+        early.len() >= 64,
+        "stored messages are delivered while the disk is full: {}",
+        early.len()
+    );
 
     // Space comes back: durable publishes are accepted again within seconds.
     std::fs::remove_file(&ballast).expect("remove ballast");
     let healed = with_client(server.server_arg(), |client| async move {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            match client.publish(&batch(100_000), AckLevel::Durable).await {
+            match client.publish(&batch(99_999), AckLevel::Durable).await {
                 Ok(_) => return Ok(()),
                 Err(e) if is_disk_full(&e) && Instant::now() < deadline => {
                     glommio::timer::sleep(Duration::from_millis(200)).await;
@@ -185,13 +198,15 @@ fn a_full_disk_refuses_writes_serves_reads_and_heals_when_space_returns() {
         }
     });
     healed.expect("a durable publish is accepted once space returns");
+    acked.push(99_999);
     let (status, body) = healthz_until(metrics, 200, Duration::from_secs(15));
     assert_eq!(status, 200, "/healthz once space is back: {body}");
 
-    // Nothing acknowledged is lost.
-    let want = (acked.len() + 1) * PER_BATCH as usize;
-    let all = receive(server.server_arg(), "final", usize::MAX);
-    for &b in acked.iter().chain(std::iter::once(&100_000)) {
+    // Nothing acknowledged is lost. The same group: its copies the first consumer held are
+    // delivered again, and a group only sees messages from the first scan after it existed.
+    let want = acked.len() * PER_BATCH as usize;
+    let all = receive(server.server_arg(), "reader", usize::MAX);
+    for &b in &acked {
         for m in 0..PER_BATCH {
             assert!(all.contains(&(b, m)), "acknowledged message {b}/{m} delivered");
         }
