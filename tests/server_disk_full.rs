@@ -80,7 +80,10 @@ fn is_disk_full(e: &ClientError) -> bool {
 /// Receives (batch, message) pairs from `group` until nothing comes for 3 s or `max` arrived.
 fn receive(addr: String, group: &'static str, max: usize) -> BTreeSet<(u32, u32)> {
     with_client(addr, move |client| async move {
-        let sub = client.subscribe("full", group, 4096).await.expect("subscribe");
+        let sub = client
+            .subscribe("full", group, 4096)
+            .await
+            .expect("subscribe");
         let mut got = BTreeSet::new();
         let deadline = Instant::now() + Duration::from_secs(120);
         while got.len() < max && Instant::now() < deadline {
@@ -138,7 +141,7 @@ fn a_full_disk_refuses_writes_serves_reads_and_heals_when_space_returns() {
         ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "64KiB"),
         ("PINQ_STORAGE_MEMTABLE_BYTES", "1MiB"),
     ];
-    let server = Server::start_in(&data_dir, &["--cpus", "0", "--storage", "lsm"], &env);
+    let mut server = Server::start_in(&data_dir, &["--cpus", "0", "--storage", "lsm"], &env);
     let metrics = server.metrics_addr.expect("metrics endpoint");
 
     // Durable publishes until the store refuses one (24 MiB cannot hold 64 MiB), and on until
@@ -166,14 +169,22 @@ fn a_full_disk_refuses_writes_serves_reads_and_heals_when_space_returns() {
         }
         (acked, refusals, None)
     });
-    assert!(!refusals.is_empty(), "a 32 MiB disk took {} batches of 256 KiB", acked.len());
+    assert!(
+        !refusals.is_empty(),
+        "a 32 MiB disk took {} batches of 256 KiB",
+        acked.len()
+    );
     assert!(
         refusals.iter().all(|(coded, _)| *coded),
         "every refusal is diskFull: {refusals:?}"
     );
     let body = health.expect("/healthz answered 503 while publishes were refused");
     assert!(body.contains("disk full"), "/healthz names it: {body}");
-    assert!(acked.len() > 10, "some batches were stored first: {}", acked.len());
+    assert!(
+        acked.len() > 10,
+        "some batches were stored first: {}",
+        acked.len()
+    );
 
     // Reads go on: stored messages are delivered while writes are refused.
     let early = receive(server.server_arg(), "reader", 64);
@@ -185,6 +196,7 @@ fn a_full_disk_refuses_writes_serves_reads_and_heals_when_space_returns() {
 
     // Space comes back: durable publishes are accepted again within seconds.
     std::fs::remove_file(&ballast).expect("remove ballast");
+    let freed = Instant::now();
     let healed = with_client(server.server_arg(), |client| async move {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -198,6 +210,12 @@ fn a_full_disk_refuses_writes_serves_reads_and_heals_when_space_returns() {
         }
     });
     healed.expect("a durable publish is accepted once space returns");
+    eprintln!(
+        "figures: {} batches stored, {} refused, first durable publish accepted {:?} after space returned",
+        acked.len(),
+        refusals.len(),
+        freed.elapsed()
+    );
     acked.push(99_999);
     let (status, body) = healthz_until(metrics, 200, Duration::from_secs(15));
     assert_eq!(status, 200, "/healthz once space is back: {body}");
@@ -208,16 +226,33 @@ fn a_full_disk_refuses_writes_serves_reads_and_heals_when_space_returns() {
     let all = receive(server.server_arg(), "reader", usize::MAX);
     for &b in &acked {
         for m in 0..PER_BATCH {
-            assert!(all.contains(&(b, m)), "acknowledged message {b}/{m} delivered");
+            assert!(
+                all.contains(&(b, m)),
+                "acknowledged message {b}/{m} delivered"
+            );
         }
     }
-    assert!(all.len() >= want, "{} delivered, {want} acknowledged", all.len());
+    assert!(
+        all.len() >= want,
+        "{} delivered, {want} acknowledged",
+        all.len()
+    );
 
+    let status = server.signal_and_wait("TERM", Duration::from_secs(60));
+    assert_eq!(
+        status,
+        Some(0),
+        "a graceful stop after the disk healed exits 0"
+    );
     let output = server.drain_output();
     let noisy = output
         .iter()
         .filter(|l| l.contains("ERROR") || l.contains("WARN"))
         .count();
-    assert!(noisy <= 40, "warnings are rate-limited, not a flood: {noisy} lines");
+    eprintln!("figures: {noisy} WARN/ERROR lines in the whole run");
+    assert!(
+        noisy <= 40,
+        "warnings are rate-limited, not a flood: {noisy} lines"
+    );
     assert!(!output.iter().any(|l| l.contains("panicked")), "no panic");
 }

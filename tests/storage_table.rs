@@ -119,7 +119,11 @@ fn damaged_tables_are_refused_with_an_error_naming_the_file() {
             500,
             "every key is either served or counted as unreadable"
         );
-        assert_eq!(table.unreadable(), damage, "counted once however often it is read");
+        assert_eq!(
+            table.unreadable(),
+            damage,
+            "counted once however often it is read"
+        );
         match table.verify().await {
             Err(StoreError::Corrupt { file, .. }) => assert!(file.ends_with(&table_name(2))),
             other => panic!("expected corruption, got {other:?}"),

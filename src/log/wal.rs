@@ -49,10 +49,10 @@ use std::rc::Rc;
 use glommio::io::DmaFile;
 
 use super::command::Command;
+use crate::ops::ratelimit::{monotonic_ms, LogLimit, LOG_INTERVAL_MS};
 use crate::storage::io::{self as dio, WRITE_ALIGN};
 use crate::storage::signal::Signal;
 use crate::storage::StoreError;
-use crate::ops::ratelimit::{monotonic_ms, LogLimit, LOG_INTERVAL_MS};
 use crate::storage::{io_error, Failure};
 
 /// Bytes of a record header: `len u32 | crc u32 | seq u64`.

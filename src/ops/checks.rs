@@ -351,7 +351,10 @@ pub fn table_blocks(tables: &[TableReport]) -> Vec<Finding> {
             .sum();
         findings.push(Finding::ok(
             CHECK,
-            format!("{} table(s), {blocks} data block(s), all readable", tables.len()),
+            format!(
+                "{} table(s), {blocks} data block(s), all readable",
+                tables.len()
+            ),
         ));
     }
     findings
@@ -413,7 +416,11 @@ mod tests {
         let found = table_blocks(&[clean, damaged, broken]);
         assert_eq!(found.len(), 2);
         assert_eq!(found[0].level, Level::Warn);
-        assert!(found[0].detail.starts_with("shard-1/tbl-2.sst: 1 of 9"), "{}", found[0].detail);
+        assert!(
+            found[0].detail.starts_with("shard-1/tbl-2.sst: 1 of 9"),
+            "{}",
+            found[0].detail
+        );
         assert!(found[0].detail.contains("block 3: checksum mismatch"));
         assert_eq!(found[1].level, Level::Block);
         assert_eq!(exit_code(&found), 2);

@@ -38,8 +38,8 @@ use crate::cluster::driver::ReplicatedStore;
 use crate::cluster::view::ClusterView;
 use crate::config::DeliveryConfig;
 use crate::metrics::{MetricsSlots, Problem, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
-use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
 use crate::ops::ratelimit::{RateLimit, LOG_INTERVAL_MS};
+use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
 use crate::rpc::refusal::{Code, RefusalCounts};
 use crate::storage::{ShardStore, StoreError};
 
@@ -248,7 +248,11 @@ impl Shard {
                 .or_insert(RateLimit::new(LOG_INTERVAL_MS))
                 .admit(now_ms());
             if let Some(suppressed) = admitted {
-                tracing::warn!(shard = self.id, suppressed, "{what} refused, retried: {error}");
+                tracing::warn!(
+                    shard = self.id,
+                    suppressed,
+                    "{what} refused, retried: {error}"
+                );
             }
             return;
         }
@@ -923,6 +927,11 @@ impl Shard {
                 // A failed store refuses every retry: stop now (the warning below says what is
                 // left). Otherwise retry, without a warning per attempt.
                 if self.shutdown.failure().is_some() {
+                    break;
+                }
+                if self.store.health().disk_full.is_some() {
+                    // Deletes wait for space that may not come before the deadline: their
+                    // messages are delivered again after the restart (the warning below).
                     break;
                 }
                 glommio::timer::sleep(Duration::from_millis(10)).await;

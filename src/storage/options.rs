@@ -165,7 +165,10 @@ mod tests {
     #[test]
     fn disk_full_retries_double_from_100_ms_to_5_s() {
         let delays: Vec<u64> = (0..9).map(|a| retry_delay_ms(100, 5_000, a)).collect();
-        assert_eq!(delays, [100, 200, 400, 800, 1_600, 3_200, 5_000, 5_000, 5_000]);
+        assert_eq!(
+            delays,
+            [100, 200, 400, 800, 1_600, 3_200, 5_000, 5_000, 5_000]
+        );
         assert_eq!(retry_delay_ms(100, 5_000, u32::MAX), 5_000);
     }
 }

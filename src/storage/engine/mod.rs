@@ -21,6 +21,13 @@
 //! active memtable in one synchronous step at the end, so the result is one consistent state even
 //! while writes continue.
 //!
+//! Full disk: a flush that fails for lack of space keeps its frozen memtable and is retried with
+//! backoff (`LsmOptions::disk_full_retry_*`); meanwhile [`Engine::disk_full`] names the file,
+//! the log's owner refuses new commands, stalled writers get `StoreError::DiskFull`, and a
+//! close stops waiting for the flush (the log holds those commands). A compaction that fails for
+//! lack of space removes its output and is retried later; it refuses nothing. A table written
+//! for a manifest commit that failed is removed unless the manifest may already list it.
+//!
 //! Must never: read the wall clock outside [`SystemClock`]; hold a `RefCell` borrow across an
 //! await; delete a file the committed manifest still needs; record an `applied_index` whose
 //! commands are not all in the listed tables.
@@ -43,8 +50,8 @@ use super::table::Table;
 use super::{io_error, Failure};
 use crate::key::Key;
 use crate::log::Command;
-use crate::ops::ratelimit::{LogLimit, LOG_INTERVAL_MS};
 use crate::message::Value;
+use crate::ops::ratelimit::{LogLimit, LOG_INTERVAL_MS};
 use crate::storage::{StoreError, WriteBatch};
 
 mod compact;
@@ -635,6 +642,10 @@ impl Inner {
                 let st = self.state.borrow();
                 if st.frozen.is_empty() {
                     return Ok(());
+                }
+                if let Some(path) = &st.disk_full {
+                    // A close must not wait for space: the log still holds these commands.
+                    return Err(StoreError::DiskFull { path: path.clone() });
                 }
                 if st.shutdown {
                     return Err(StoreError::Closed);

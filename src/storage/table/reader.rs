@@ -22,8 +22,7 @@ use std::rc::Rc;
 use glommio::io::DmaFile;
 
 use super::block::{
-    decode_index, seek_block, Block, EntryRef, IndexEntry, BLOCK_TRAILER_BYTES,
-    ENTRY_HEADER_BYTES,
+    decode_index, seek_block, Block, EntryRef, IndexEntry, BLOCK_TRAILER_BYTES, ENTRY_HEADER_BYTES,
 };
 use super::bloom::Bloom;
 use super::{Footer, TableError, TableProps, FOOTER_BYTES};
