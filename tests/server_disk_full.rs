@@ -154,7 +154,7 @@ fn a_full_disk_refuses_writes_serves_reads_and_heals_when_space_returns() {
         let deadline = Instant::now() + Duration::from_secs(120);
         let mut b = 0u32;
         while Instant::now() < deadline {
-            match client.publish(&batch(b), AckLevel::Durable).await {
+            match client.publish(batch(b), AckLevel::Durable).await {
                 Ok(_) => acked.push(b),
                 Err(e) => {
                     refusals.push((is_disk_full(&e), e.to_string()));
@@ -200,7 +200,7 @@ fn a_full_disk_refuses_writes_serves_reads_and_heals_when_space_returns() {
     let healed = with_client(server.server_arg(), |client| async move {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            match client.publish(&batch(99_999), AckLevel::Durable).await {
+            match client.publish(batch(99_999), AckLevel::Durable).await {
                 Ok(_) => return Ok(()),
                 Err(e) if is_disk_full(&e) && Instant::now() < deadline => {
                     glommio::timer::sleep(Duration::from_millis(200)).await;
