@@ -29,7 +29,9 @@ fn group_of(n: u64) -> (Hub, RecipientId) {
     let mut hub = Hub::new(QUEUE_LEN_MAX, UNACKED_MAX);
     let mut recipient = None;
     for i in 0..n {
-        let registered = hub.register(TOPIC, "workers", uuid::Uuid::from_u128(i as u128 + 1));
+        let registered = hub
+            .register(TOPIC, "workers", uuid::Uuid::from_u128(i as u128 + 1))
+            .expect("an unbounded hub");
         recipient = Some(registered.recipient);
     }
     (hub, recipient.expect("at least one consumer"))
@@ -53,7 +55,9 @@ fn choose(c: &mut Criterion) {
         let mut hub = Hub::new(4, UNACKED_MAX);
         let mut recipient = None;
         for i in 0..n {
-            let registered = hub.register(TOPIC, "workers", uuid::Uuid::from_u128(i as u128 + 1));
+            let registered = hub
+                .register(TOPIC, "workers", uuid::Uuid::from_u128(i as u128 + 1))
+                .expect("an unbounded hub");
             recipient = Some(registered.recipient);
             if i + 1 < n {
                 let consumer = hub
@@ -83,10 +87,12 @@ fn choose(c: &mut Criterion) {
 fn offer_fanout(c: &mut Criterion) {
     let mut hub = Hub::new(QUEUE_LEN_MAX, UNACKED_MAX);
     for i in 0..4u128 {
-        hub.register(TOPIC, "workers", uuid::Uuid::from_u128(i + 1));
+        hub.register(TOPIC, "workers", uuid::Uuid::from_u128(i + 1))
+            .expect("an unbounded hub");
     }
     for i in 0..3u128 {
-        hub.register(TOPIC, "", uuid::Uuid::from_u128(100 + i));
+        hub.register(TOPIC, "", uuid::Uuid::from_u128(100 + i))
+            .expect("an unbounded hub");
     }
     assert_eq!(
         hub.recipients_of(TOPIC).len(),

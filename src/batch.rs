@@ -218,4 +218,27 @@ mod tests {
             ValidatedBatch::from_messages(&messages[..1], AckLevel::Leader, &strict).unwrap_err();
         assert!(matches!(e, PublishError::AckLevelTooWeak { .. }));
     }
+
+    #[test]
+    fn headers_count_toward_max_message_bytes() {
+        let config = PublishConfig {
+            message_bytes_max: 64,
+            ..PublishConfig::default()
+        };
+        let mut message = rpc::PublishMessage::new("t", vec![0; 40]);
+        // The payload alone fits.
+        ValidatedBatch::from_messages(&[message.clone()], AckLevel::Durable, &config).unwrap();
+        message.headers.push(crate::message::Header {
+            key: "trace-id".into(),
+            value: vec![b'x'; 16],
+        });
+        // 40 + 8 + 16 = 64: exactly the limit.
+        ValidatedBatch::from_messages(&[message.clone()], AckLevel::Durable, &config).unwrap();
+        message.headers[0].value.push(b'x');
+        let e = ValidatedBatch::from_messages(&[message], AckLevel::Durable, &config).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "messages[0] is 65 bytes (payload and headers), the limit is 64 (publish.maxMessageBytes)"
+        );
+    }
 }

@@ -67,10 +67,13 @@ fn receive_all(addr: String) -> BTreeSet<(usize, usize)> {
         let mut got = BTreeSet::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
-            let batch = futures_lite::future::or(sub.recv_batch(1024), async {
-                glommio::timer::sleep(Duration::from_secs(3)).await;
-                Vec::new()
-            })
+            let batch = futures_lite::future::or(
+                async { sub.recv_batch(1024).await.expect("stream open") },
+                async {
+                    glommio::timer::sleep(Duration::from_secs(3)).await;
+                    Vec::new()
+                },
+            )
             .await;
             if batch.is_empty() {
                 break;

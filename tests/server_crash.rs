@@ -118,10 +118,13 @@ async fn consume_and_ack(
     settled: bool,
 ) {
     while !stop.get() {
-        let batch = futures_lite::future::or(async { Some(sub.recv_batch(256).await) }, async {
-            glommio::timer::sleep(Duration::from_millis(20)).await;
-            None
-        })
+        let batch = futures_lite::future::or(
+            async { Some(sub.recv_batch(256).await.unwrap_or_default()) },
+            async {
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+                None
+            },
+        )
         .await;
         let batch = match batch {
             // Nothing within the tick: look at `stop` again.
@@ -188,10 +191,13 @@ async fn check_redelivery(sub: &Subscription, ledger: &Ledger, seed: u64, iterat
                 missing.iter().take(5).collect::<Vec<_>>()
             );
         }
-        let batch = futures_lite::future::or(async { Some(sub.recv_batch(1024).await) }, async {
-            glommio::timer::sleep(Duration::from_millis(50)).await;
-            None
-        })
+        let batch = futures_lite::future::or(
+            async { Some(sub.recv_batch(1024).await.unwrap_or_default()) },
+            async {
+                glommio::timer::sleep(Duration::from_millis(50)).await;
+                None
+            },
+        )
         .await;
         let batch = match batch {
             None => continue,

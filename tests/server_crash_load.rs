@@ -77,7 +77,7 @@ async fn produce(client: Rc<Client>, load: Rc<Load>, deadline: Instant) {
 async fn consume(client: Rc<Client>, load: Rc<Load>, deadline: Instant) {
     let sub = client.subscribe(TOPIC, "g", 4096).await.expect("subscribe");
     while Instant::now() < deadline {
-        let batch = sub.recv_batch(1024).await;
+        let batch = sub.recv_batch(1024).await.unwrap_or_default();
         if batch.is_empty() {
             return; // the broker is gone
         }
@@ -132,10 +132,13 @@ fn drain(addr: String) -> Vec<u64> {
         let end = Instant::now() + WAIT_MAX;
         let mut ids = Vec::new();
         while Instant::now() < end {
-            let batch = futures_lite::future::or(sub.recv_batch(1024), async {
-                glommio::timer::sleep(Duration::from_secs(2)).await;
-                Vec::new()
-            })
+            let batch = futures_lite::future::or(
+                async { sub.recv_batch(1024).await.unwrap_or_default() },
+                async {
+                    glommio::timer::sleep(Duration::from_secs(2)).await;
+                    Vec::new()
+                },
+            )
             .await;
             if batch.is_empty() {
                 break;

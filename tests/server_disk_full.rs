@@ -87,10 +87,13 @@ fn receive(addr: String, group: &'static str, max: usize) -> BTreeSet<(u32, u32)
         let mut got = BTreeSet::new();
         let deadline = Instant::now() + Duration::from_secs(120);
         while got.len() < max && Instant::now() < deadline {
-            let batch = futures_lite::future::or(sub.recv_batch(1024), async {
-                glommio::timer::sleep(Duration::from_secs(3)).await;
-                Vec::new()
-            })
+            let batch = futures_lite::future::or(
+                async { sub.recv_batch(1024).await.expect("stream open") },
+                async {
+                    glommio::timer::sleep(Duration::from_secs(3)).await;
+                    Vec::new()
+                },
+            )
             .await;
             if batch.is_empty() {
                 break;

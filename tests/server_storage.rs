@@ -44,10 +44,13 @@ async fn receive_all(client: &Client, topic: &str, want: usize) -> Vec<String> {
     let deadline = glommio::timer::sleep(Duration::from_secs(30));
     futures_lite::pin!(deadline);
     while got.len() < want {
-        let batch = futures_lite::future::or(sub.recv_batch(1024), async {
-            (&mut deadline).await;
-            Vec::new()
-        })
+        let batch = futures_lite::future::or(
+            async { sub.recv_batch(1024).await.unwrap_or_default() },
+            async {
+                (&mut deadline).await;
+                Vec::new()
+            },
+        )
         .await;
         if batch.is_empty() {
             break;

@@ -51,10 +51,13 @@ fn receive_batches(addr: String) -> Vec<usize> {
         let sub = client.subscribe("wal", "g", 4096).await.expect("subscribe");
         let mut got: BTreeMap<usize, usize> = BTreeMap::new();
         loop {
-            let batch = futures_lite::future::or(sub.recv_batch(1024), async {
-                glommio::timer::sleep(Duration::from_secs(2)).await;
-                Vec::new()
-            })
+            let batch = futures_lite::future::or(
+                async { sub.recv_batch(1024).await.unwrap_or_default() },
+                async {
+                    glommio::timer::sleep(Duration::from_secs(2)).await;
+                    Vec::new()
+                },
+            )
             .await;
             if batch.is_empty() {
                 break;

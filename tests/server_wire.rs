@@ -21,7 +21,7 @@ const MUST_HAPPEN: Duration = Duration::from_secs(15);
 
 /// The next delivery of `sub`, or `None` after `wait`.
 async fn recv_within(sub: &pinq::client::Subscription, wait: Duration) -> Option<Delivery> {
-    futures_lite::future::or(sub.recv(), async {
+    futures_lite::future::or(async { sub.recv().await.ok() }, async {
         glommio::timer::sleep(wait).await;
         None
     })

@@ -592,6 +592,7 @@ async fn consume(
     let replies = {
         let shared = shared.clone();
         let latencies = latencies.clone();
+        let samples = samples.clone();
         glommio::spawn_local(async move {
             while let Some((reply, sent_ns)) = rx.recv().await {
                 let result = reply.await;
@@ -621,11 +622,17 @@ async fn consume(
             },
         )
         .await;
-        let Some(batch) = batch else { continue };
-        if batch.is_empty() {
-            // The broker ended the subscription.
-            break;
-        }
+        let batch = match batch {
+            None => continue,
+            Some(Ok(batch)) => batch,
+            Some(Err(e)) => {
+                // The subscription is over: the broker ended it or the connection is gone.
+                if !shared.stop.load(Ordering::Acquire) {
+                    shared.error(&samples, "consume", &e);
+                }
+                break;
+            }
+        };
         let now = elapsed_ns(origin);
         acks.clear();
         nacks.clear();

@@ -243,24 +243,34 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
                     None => Duration::from_secs(3600),
                 };
                 let want = (limit - handled).min(256) as usize;
-                let batch = futures_lite::future::or(subscription.recv_batch(want), async {
-                    glommio::timer::sleep(wait).await;
-                    Vec::new()
-                })
+                let batch = futures_lite::future::or(
+                    async { Some(subscription.recv_batch(want).await) },
+                    async {
+                        glommio::timer::sleep(wait).await;
+                        None
+                    },
+                )
                 .await;
-                if batch.is_empty() {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        break;
+                let batch = match batch {
+                    // --timeout passed (or an hour without messages): look at the deadline.
+                    None => continue,
+                    Some(Ok(batch)) => batch,
+                    // In a cluster the shard moved to another leader, or this node went away:
+                    // subscribe again on the leader the router finds (within its patience).
+                    Some(Err(e)) if router.is_cluster() => {
+                        tracing::info!(topic = %args.topic, "subscription ended ({e}); subscribing again");
+                        subscription = router
+                            .subscribe(&args.topic, &args.group, queue_size)
+                            .await
+                            .context("subscribing again")?;
+                        continue;
                     }
-                    // The broker ended the subscription (its shard changed leader, or the
-                    // node went away): subscribe again, on the leader.
-                    tracing::info!(topic = %args.topic, "subscription ended; subscribing again");
-                    subscription = router
-                        .subscribe(&args.topic, &args.group, queue_size)
-                        .await
-                        .context("subscribing again")?;
-                    continue;
-                }
+                    // A standalone broker that closed the connection is gone: say so and fail.
+                    Some(Err(e)) => {
+                        return Err(anyhow::Error::new(e)
+                            .context(format!("consuming {} from {}", args.topic, args.server)))
+                    }
+                };
                 let take = batch.len().min((limit - handled) as usize);
                 {
                     let mut out = stdout.lock();

@@ -93,6 +93,10 @@ pub enum ClientError {
     /// The broker's reply does not follow the protocol.
     #[error("malformed reply from the broker: {0}")]
     BadReply(WireError),
+    /// The broker ended the subscription on a live connection: its shard changed leader (in a
+    /// cluster: subscribe again, [`Router`] finds the new leader) or the broker is shutting down.
+    #[error("the broker ended the subscription to {topic} (leader change or shutdown)")]
+    SubscriptionEnded { topic: String },
     /// In a cluster: the node does not lead the shard the request needs; nothing was done.
     /// [`Router`] follows it to the leader.
     #[error("node does not lead shard {} (leader: {})", .0.shard_id, if .0.leader_address.is_empty() { "none known yet".to_string() } else { format!("node {} at {}", .0.leader_node_id, .0.leader_address) })]

@@ -71,6 +71,12 @@ impl Router {
         Ok(router)
     }
 
+    /// Whether the seed is a cluster member with peers (a standalone broker has none): only
+    /// then is there another node to fail over to.
+    pub fn is_cluster(&self) -> bool {
+        self.members.borrow().len() > 1
+    }
+
     /// The shard that owns `topic`.
     pub fn shard_of(&self, topic: &str) -> u32 {
         TopicHash::of(topic).shard(self.shard_count as usize) as u32

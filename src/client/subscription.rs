@@ -16,6 +16,9 @@ const LOCAL_QUEUE_LEN_DEFAULT: usize = 1024;
 /// Upper bound of the local queue, whatever the caller asks for.
 const LOCAL_QUEUE_LEN_MAX: usize = 1 << 20;
 
+/// How long [`Subscription::recv`] waits for the broker to tell why a subscription ended.
+const WHY_ENDED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The `Consumer` capability: receives delivery batches and queues them for the application.
 pub(super) struct Inbox {
     pub(super) queue: LocalSender<Delivery>,
@@ -145,37 +148,64 @@ impl Subscription {
         &self.client
     }
 
-    /// The next delivery, waiting for one. `None` once the broker ended the subscription or the
-    /// connection is gone.
-    pub async fn recv(&self) -> Option<Delivery> {
-        self.queue.recv().await
+    /// The next delivery, waiting for one. Once the subscription is over the error says how:
+    /// [`ClientError::Disconnected`] when the connection to the broker is gone (the broker
+    /// stopped or the network failed), [`ClientError::SubscriptionEnded`] when the broker ended
+    /// the subscription on a live connection (its shard changed leader, or it is shutting down).
+    pub async fn recv(&self) -> Result<Delivery, ClientError> {
+        match self.queue.recv().await {
+            Some(delivery) => Ok(delivery),
+            None => Err(self.why_ended().await),
+        }
     }
 
-    /// The deliveries as a stream, for `StreamExt` combinators; it ends with the subscription.
-    /// Only one stream may be read at a time.
+    /// The deliveries as a stream, for `StreamExt` combinators; it ends with the subscription
+    /// (use [`Subscription::recv`] to learn why). Only one stream may be read at a time.
     pub fn stream(&self) -> impl futures_lite::Stream<Item = Delivery> + '_ {
         self.queue.stream()
     }
 
     /// Waits for at least one delivery, then takes whatever else is already queued, up to `max`
-    /// in all. Empty once the subscription has ended.
-    pub async fn recv_batch(&self, max: usize) -> Vec<Delivery> {
+    /// in all (never empty unless `max` is 0). Errors as [`Subscription::recv`] once the
+    /// subscription is over.
+    pub async fn recv_batch(&self, max: usize) -> Result<Vec<Delivery>, ClientError> {
         let mut batch = Vec::new();
         if max == 0 {
-            return batch;
+            return Ok(batch);
         }
-        let Some(first) = self.queue.recv().await else {
-            return batch;
-        };
-        batch.push(first);
+        batch.push(self.recv().await?);
         while batch.len() < max {
             match futures_lite::future::poll_once(self.queue.recv()).await {
                 Some(Some(delivery)) => batch.push(delivery),
-                // Nothing queued right now, or the subscription ended.
+                // Nothing queued right now, or the subscription ended (the next call says so).
                 _ => break,
             }
         }
-        batch
+        Ok(batch)
+    }
+
+    /// The local queue closed: ask the broker a trivial question to tell a dead connection
+    /// from a subscription the broker ended. Bounded by [`WHY_ENDED_TIMEOUT`].
+    async fn why_ended(&self) -> ClientError {
+        let probe = futures_lite::future::or(async { Some(self.client.topology().await) }, async {
+            glommio::timer::sleep(WHY_ENDED_TIMEOUT).await;
+            None
+        })
+        .await;
+        match probe {
+            Some(Ok(_)) => ClientError::SubscriptionEnded {
+                topic: self.topic.clone(),
+            },
+            Some(Err(ClientError::Disconnected(why))) => ClientError::Disconnected(why),
+            Some(Err(e)) => ClientError::Disconnected(format!(
+                "the subscription to {} ended and the broker does not answer: {e}",
+                self.topic
+            )),
+            None => ClientError::Disconnected(format!(
+                "the subscription to {} ended and the broker did not answer within {:?}",
+                self.topic, WHY_ENDED_TIMEOUT
+            )),
+        }
     }
 
     /// Acknowledges delivered messages; one result per tag, in order.

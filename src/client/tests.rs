@@ -541,7 +541,7 @@ fn subscribe_receives_published_messages_and_acks_each_once() {
             .unwrap();
         let mut got = Vec::new();
         while got.len() < 3 {
-            got.extend(within("deliveries", sub.recv_batch(8)).await);
+            got.extend(within("deliveries", sub.recv_batch(8)).await.unwrap());
         }
         assert_eq!(
             got.iter().map(|d| d.payload.as_slice()).collect::<Vec<_>>(),
@@ -609,7 +609,7 @@ fn a_consumer_that_stops_reading_loses_nothing_and_keeps_order() {
         glommio::timer::sleep(Duration::from_millis(50)).await;
         let mut got = Vec::new();
         while got.len() < 300 {
-            let batch = within("deliveries", sub.recv_batch(64)).await;
+            let batch = within("deliveries", sub.recv_batch(64)).await.unwrap();
             assert!(batch.len() <= 64);
             got.extend(batch);
         }

@@ -62,6 +62,13 @@ pub struct DeliveryConfig {
     pub retry_len_max: usize,
     /// `delivery.scanBatchSize`: keys read per topic per scan request.
     pub scan_batch_len_max: usize,
+    /// `delivery.maxGroupsPerTopic`: groups of one topic on a shard, with consumers or not.
+    pub groups_per_topic_max: usize,
+    /// `delivery.maxGroupsPerShard`: groups of all topics on a shard, with consumers or not.
+    pub groups_per_shard_max: usize,
+    /// `delivery.maxConsumersPerGroup`: consumers of one group (and universal consumers of one
+    /// topic).
+    pub consumers_per_group_max: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -80,6 +87,9 @@ impl Default for DeliveryConfig {
             unacked_per_consumer_max: 16_384,
             retry_len_max: 65_536,
             scan_batch_len_max: 256,
+            groups_per_topic_max: 1024,
+            groups_per_shard_max: 16_384,
+            consumers_per_group_max: 1024,
         }
     }
 }
@@ -104,6 +114,9 @@ pub struct PublishConfig {
     pub batch_len_max: usize,
     /// `publish.minAckLevel`: requests weaker than this are rejected.
     pub ack_level_min: AckLevel,
+    /// `publish.maxBytesInFlight`: bytes of publishes (payload and headers) a shard holds for
+    /// its connections before later publishes wait for room (`crate::server::limits`).
+    pub bytes_in_flight_max: usize,
 }
 
 impl Default for PublishConfig {
@@ -112,6 +125,7 @@ impl Default for PublishConfig {
             message_bytes_max: 1 << 20,
             batch_len_max: 10_000,
             ack_level_min: AckLevel::None,
+            bytes_in_flight_max: 64 << 20,
         }
     }
 }
@@ -160,6 +174,37 @@ pub struct ServerConfig {
     /// `server.numa`: `auto` narrows `cpus` to the CPUs of one NUMA node at start-up
     /// (`crate::ops::numa`); `off` uses `cpus` as given.
     pub numa: NumaMode,
+    /// What one client may make the server hold (`crate::server::limits`).
+    pub client: ClientLimits,
+}
+
+/// Bounds on what one client connection may make the server hold (`[server]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// `server.maxConnections`: client connections of the whole node (every shard and port).
+    pub connections_max: usize,
+    /// `server.idleTimeout`: a connection with no call in flight, no subscription and no byte
+    /// received for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// `server.frameTimeout`: a request frame begun but not complete for this long closes its
+    /// connection.
+    pub frame_timeout_ms: u64,
+    /// `server.maxCallsInFlight`: calls of one connection being served at once.
+    pub calls_in_flight_max: usize,
+    /// `server.maxSubscriptionsPerConnection`: subscriptions open on one connection.
+    pub subscriptions_max: usize,
+}
+
+impl Default for ClientLimits {
+    fn default() -> ClientLimits {
+        ClientLimits {
+            connections_max: 4096,
+            idle_timeout_ms: 300_000,
+            frame_timeout_ms: 10_000,
+            calls_in_flight_max: 1024,
+            subscriptions_max: 256,
+        }
+    }
 }
 
 /// How `pinq serve` places shards across NUMA nodes (`server.numa`, `--numa`).
@@ -190,6 +235,7 @@ impl Default for ServerConfig {
             metrics_listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), METRICS_PORT_DEFAULT),
             shard_port_base: None,
             numa: NumaMode::Off,
+            client: ClientLimits::default(),
         }
     }
 }

@@ -208,7 +208,7 @@ pub async fn recover_records(
             report.segments_removed += 1;
             continue;
         }
-        let bytes = std::fs::read(path).map_err(|e| io_error(path, e))?;
+        let bytes = dio::read_blocking(path).map_err(|e| io_error(path, e))?;
         report.segments_read += 1;
         report.wal_bytes_read += bytes.len() as u64;
         let scan = scan_segment(&bytes, *first_seq, next_first.is_none()).map_err(|d| {
@@ -282,20 +282,11 @@ pub async fn recover_records(
 }
 
 fn remove_blocking(path: &Path) -> Result<(), StoreError> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_error(path, e)),
-    }
+    dio::remove_blocking(path)
 }
 
 fn truncate_blocking(path: &Path, len: u64) -> Result<(), StoreError> {
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(|e| io_error(path, e))?;
-    file.set_len(len).map_err(|e| io_error(path, e))?;
-    file.sync_all().map_err(|e| io_error(path, e))
+    dio::truncate_blocking(path, len)
 }
 
 #[cfg(test)]

@@ -286,10 +286,13 @@ pub struct ShardSnapshot {
 /// background task has not run for ten snapshot intervals.
 pub const STALLED_AFTER: Duration = Duration::from_secs(10);
 
-/// One slot per shard; `None` until the shard's first snapshot.
+/// A shard's latest snapshot and when it was taken; `None` until its first.
+type Slot = Mutex<Option<(Instant, ShardSnapshot)>>;
+
+/// One slot per shard.
 #[derive(Clone, Debug, Default)]
 pub struct MetricsSlots {
-    slots: Arc<Vec<Mutex<Option<(Instant, ShardSnapshot)>>>>,
+    slots: Arc<Vec<Slot>>,
 }
 
 impl MetricsSlots {

@@ -9,8 +9,17 @@
 //! The hub does not know message states; the shard core ([`super::shard`]) owns the in-flight
 //! table and calls the hub to pick holders. Recipients keep their own retry list (`pending`) of
 //! copies waiting for a consumer, so a group without members parks its claims at no cost.
+//!
+//! What clients can make the hub hold is bounded ([`HubLimits`]): groups per topic and per shard,
+//! and consumers per group (universal consumers of a topic count as one group). A subscription
+//! past a bound is refused with a [`Limit`] naming it and its config key; members of existing
+//! groups keep coming and going. A group without members counts until it is forgotten, so the
+//! hub keeps those groups in a queue ordered by the time they emptied ([`Hub::take_retired`]):
+//! retiring them costs O(groups due), never a walk of every group. Likewise the recipients
+//! whose retry list a pass serves are kept in a set ([`Hub::servable`]: members and copies
+//! waiting), so parked claims of groups without members cost a pass nothing.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use ahash::{AHashMap, AHashSet};
@@ -81,13 +90,75 @@ pub struct TopicMembers {
     pub live_consumers: usize,
 }
 
+/// The bounds of what consumers can make one shard's hub hold (`[delivery]` keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HubLimits {
+    /// `delivery.consumerQueueSize`.
+    pub queue_len_max: usize,
+    /// `delivery.maxUnackedPerConsumer`.
+    pub unacked_max: usize,
+    /// `delivery.maxGroupsPerTopic`.
+    pub groups_per_topic_max: usize,
+    /// `delivery.maxGroupsPerShard`.
+    pub groups_per_shard_max: usize,
+    /// `delivery.maxConsumersPerGroup`; also bounds the universal consumers of one topic.
+    pub consumers_per_group_max: usize,
+}
+
+/// A subscription refused because it would pass a bound; the text names the bound's key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Limit {
+    #[error(
+        "topic {topic:?} has {limit} groups on this shard, the limit delivery.maxGroupsPerTopic \
+         (a group without consumers counts until delivery.groupRetention or forgetGroup removes it)"
+    )]
+    GroupsPerTopic { topic: String, limit: usize },
+    #[error(
+        "this shard holds {limit} groups, the limit delivery.maxGroupsPerShard (a group without \
+         consumers counts until delivery.groupRetention or forgetGroup removes it)"
+    )]
+    GroupsPerShard { limit: usize },
+    #[error(
+        "group {group:?} of topic {topic:?} has {limit} consumers, the limit \
+         delivery.maxConsumersPerGroup"
+    )]
+    ConsumersPerGroup {
+        topic: String,
+        group: String,
+        limit: usize,
+    },
+    #[error(
+        "topic {topic:?} has {limit} consumers without a group, the limit \
+         delivery.maxConsumersPerGroup"
+    )]
+    UniversalsPerTopic { topic: String, limit: usize },
+}
+
+impl Limit {
+    /// Whether the refusal is about groups (rather than consumers of one group).
+    pub fn is_groups(&self) -> bool {
+        matches!(
+            self,
+            Limit::GroupsPerTopic { .. } | Limit::GroupsPerShard { .. }
+        )
+    }
+}
+
 pub struct Hub {
-    queue_len_max: usize,
-    unacked_max: usize,
+    limits: HubLimits,
     next_id: u64,
     pub consumers: AHashMap<ConsumerId, Consumer>,
     pub recipients: AHashMap<RecipientId, Recipient>,
     pub topics: AHashMap<Arc<str>, TopicMembers>,
+    /// Groups in the hub (with members or not), counted against `groups_per_shard_max`.
+    groups_len: usize,
+    /// Groups without members, by the time they emptied (oldest first): one entry per such group,
+    /// removed when a member comes back or the group goes.
+    emptied: BTreeSet<(u64, RecipientId)>,
+    /// Entries of `emptied` looked at by [`Hub::take_retired`] (tests count the work with it).
+    pub retire_checks_total: u64,
+    /// Recipients with members and a non-empty retry list: what a pass serves.
+    servable: BTreeSet<RecipientId>,
 }
 
 /// What [`Hub::register`] created.
@@ -108,15 +179,112 @@ pub struct Unregistered {
 }
 
 impl Hub {
+    /// A hub with bounded consumer queues and no bound on groups or consumers (benches).
     pub fn new(queue_len_max: usize, unacked_max: usize) -> Hub {
+        Hub::with_limits(HubLimits {
+            queue_len_max,
+            unacked_max,
+            groups_per_topic_max: usize::MAX,
+            groups_per_shard_max: usize::MAX,
+            consumers_per_group_max: usize::MAX,
+        })
+    }
+
+    pub fn with_limits(limits: HubLimits) -> Hub {
         Hub {
-            queue_len_max: queue_len_max.max(1),
-            unacked_max: unacked_max.max(1),
+            limits: HubLimits {
+                queue_len_max: limits.queue_len_max.max(1),
+                unacked_max: limits.unacked_max.max(1),
+                ..limits
+            },
             next_id: 1,
             consumers: AHashMap::new(),
             recipients: AHashMap::new(),
             topics: AHashMap::new(),
+            groups_len: 0,
+            emptied: BTreeSet::new(),
+            retire_checks_total: 0,
+            servable: BTreeSet::new(),
         }
+    }
+
+    /// Recipients a pass should serve: with members, and copies in their retry list.
+    pub fn servable(&self) -> impl Iterator<Item = RecipientId> + '_ {
+        self.servable.iter().copied()
+    }
+
+    /// Call after a recipient's members or retry list changed: keeps [`Hub::servable`] exact.
+    pub fn note_pending(&mut self, recipient: RecipientId) {
+        match self.recipients.get(&recipient) {
+            Some(r) if r.has_members() && !r.pending.is_empty() => {
+                self.servable.insert(recipient);
+            }
+            _ => {
+                self.servable.remove(&recipient);
+            }
+        }
+    }
+
+    /// Checks [`Hub::servable`] against a walk of every recipient (tests).
+    #[cfg(test)]
+    pub fn assert_servable_exact(&self) {
+        let walked: BTreeSet<RecipientId> = self
+            .recipients
+            .iter()
+            .filter(|(_, r)| r.has_members() && !r.pending.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(walked, self.servable, "servable recipients");
+    }
+
+    /// Groups in the hub, with members or not.
+    pub fn groups_len(&self) -> usize {
+        self.groups_len
+    }
+
+    /// Refuses a subscription of `topic` in `group` (empty = universal) that would pass a bound.
+    fn check_limits(&self, topic: &str, group: &str) -> Result<(), Limit> {
+        let limits = &self.limits;
+        let members = self.topics.get(topic);
+        if group.is_empty() {
+            let universals = members.map_or(0, |m| m.universals.len());
+            if universals >= limits.consumers_per_group_max {
+                return Err(Limit::UniversalsPerTopic {
+                    topic: topic.into(),
+                    limit: limits.consumers_per_group_max,
+                });
+            }
+            return Ok(());
+        }
+        match members.and_then(|m| m.groups.get(group)) {
+            Some(recipient) => {
+                let consumers = match self.recipients.get(recipient).map(|r| &r.kind) {
+                    Some(RecipientKind::Group { members, .. }) => members.len(),
+                    _ => 0,
+                };
+                if consumers >= limits.consumers_per_group_max {
+                    return Err(Limit::ConsumersPerGroup {
+                        topic: topic.into(),
+                        group: group.into(),
+                        limit: limits.consumers_per_group_max,
+                    });
+                }
+            }
+            None => {
+                if members.map_or(0, |m| m.groups.len()) >= limits.groups_per_topic_max {
+                    return Err(Limit::GroupsPerTopic {
+                        topic: topic.into(),
+                        limit: limits.groups_per_topic_max,
+                    });
+                }
+                if self.groups_len >= limits.groups_per_shard_max {
+                    return Err(Limit::GroupsPerShard {
+                        limit: limits.groups_per_shard_max,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     fn allocate(&mut self) -> u64 {
@@ -125,9 +293,15 @@ impl Hub {
         id
     }
 
-    /// Registers a consumer. An empty `group` makes it universal. `queue_len_max` (the client's
-    /// requested queue size) is capped by the configured bound.
-    pub fn register(&mut self, topic: &str, group: &str, uuid: uuid::Uuid) -> Registered {
+    /// Registers a consumer. An empty `group` makes it universal. Refused, with nothing changed,
+    /// when it would pass one of the [`HubLimits`].
+    pub fn register(
+        &mut self,
+        topic: &str,
+        group: &str,
+        uuid: uuid::Uuid,
+    ) -> Result<Registered, Limit> {
+        self.check_limits(topic, group)?;
         let consumer = ConsumerId(self.allocate());
         let topic_name: Arc<str> = match self.topics.get_key_value(topic) {
             Some((name, _)) => name.clone(),
@@ -172,6 +346,7 @@ impl Hub {
                     self.topics_entry(&topic_name)
                         .groups
                         .insert(name, recipient);
+                    self.groups_len += 1;
                     recipient
                 }
             };
@@ -186,7 +361,9 @@ impl Hub {
             }) = self.recipients.get_mut(&recipient)
             {
                 members.push(consumer);
-                *empty_since_ms = None;
+                if let Some(since) = empty_since_ms.take() {
+                    self.emptied.remove(&(since, recipient));
+                }
             }
             recipient
         };
@@ -203,11 +380,12 @@ impl Hub {
                 held: AHashSet::default(),
             },
         );
-        Registered {
+        self.note_pending(recipient);
+        Ok(Registered {
             consumer,
             recipient,
             topic_became_served,
-        }
+        })
     }
 
     fn topics_entry(&mut self, topic: &Arc<str>) -> &mut TopicMembers {
@@ -246,6 +424,7 @@ impl Hub {
                 if members.is_empty() {
                     *empty_since_ms = Some(now_ms);
                     *next = 0;
+                    self.emptied.insert((now_ms, removed.recipient));
                 }
             }
             Some(RecipientKind::Universal { .. }) => {
@@ -256,6 +435,7 @@ impl Hub {
             }
             None => {}
         }
+        self.note_pending(removed.recipient);
         let mut topic_unserved = false;
         if let Some(members) = self.topics.get_mut(&removed.topic) {
             members.live_consumers -= 1;
@@ -278,7 +458,17 @@ impl Hub {
             return None;
         }
         let removed = self.recipients.remove(&recipient)?;
-        if let RecipientKind::Group { name, .. } = &removed.kind {
+        self.servable.remove(&recipient);
+        if let RecipientKind::Group {
+            name,
+            empty_since_ms,
+            ..
+        } = &removed.kind
+        {
+            self.groups_len -= 1;
+            if let Some(since) = empty_since_ms {
+                self.emptied.remove(&(*since, recipient));
+            }
             if let Some(members) = self.topics.get_mut(&removed.topic) {
                 members.groups.remove(name);
                 if members.live_consumers == 0
@@ -290,6 +480,21 @@ impl Hub {
             }
         }
         Some(removed)
+    }
+
+    /// Takes the groups that have had no member for `retention_ms` at `now_ms`, oldest first
+    /// (they are still in the hub: the caller forgets them). Looks at the groups due and one more.
+    pub fn take_retired(&mut self, now_ms: u64, retention_ms: u64) -> SmallVec<[RecipientId; 4]> {
+        let mut due = SmallVec::new();
+        while let Some(&(since, recipient)) = self.emptied.first() {
+            self.retire_checks_total += 1;
+            if now_ms < since.saturating_add(retention_ms) {
+                break;
+            }
+            self.emptied.pop_first();
+            due.push(recipient);
+        }
+        due
     }
 
     /// The recipients a message of `topic` gets right now: groups with members, and universal
@@ -312,17 +517,17 @@ impl Hub {
     }
 
     fn has_room(&self, consumer: ConsumerId) -> bool {
-        self.consumers
-            .get(&consumer)
-            .is_some_and(|c| c.queue.len() < self.queue_len_max && c.held.len() < self.unacked_max)
+        self.consumers.get(&consumer).is_some_and(|c| {
+            c.queue.len() < self.limits.queue_len_max && c.held.len() < self.limits.unacked_max
+        })
     }
 
     /// How many more copies a recipient's consumers can take now.
     pub fn room(&self, recipient: RecipientId) -> usize {
         let room_of = |c: &ConsumerId| {
             self.consumers.get(c).map_or(0, |c| {
-                (self.queue_len_max.saturating_sub(c.queue.len()))
-                    .min(self.unacked_max.saturating_sub(c.held.len()))
+                (self.limits.queue_len_max.saturating_sub(c.queue.len()))
+                    .min(self.limits.unacked_max.saturating_sub(c.held.len()))
             })
         };
         match self.recipients.get(&recipient).map(|r| &r.kind) {
@@ -363,6 +568,6 @@ impl Hub {
     }
 
     pub fn queue_len_max(&self) -> usize {
-        self.queue_len_max
+        self.limits.queue_len_max
     }
 }

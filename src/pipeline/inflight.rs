@@ -6,20 +6,19 @@
 //! (its universal consumer left, or its group was forgotten). The message is deleted once every
 //! copy is `Acked` or `Forgotten`.
 //!
-//! Leases and NACK delays are kept in a min-heap of timers, so finding what to redeliver costs
-//! O(timers due), never a walk of the table. Timers are never removed in place: each copy carries a
-//! `generation` bumped on every change, and a popped timer whose generation is stale is dropped.
-//! An ACK leaves its lease timer behind until the deadline, so under load most of the heap is
-//! stale; [`InFlight::schedule`] rebuilds it with only live timers once it is more than twice the
-//! live count found by the last rebuild plus [`TIMERS_REBUILD_FLOOR_LEN`], which keeps pushes
-//! amortised O(1) and the heap within a constant of the live timers.
+//! Leases and NACK delays are timers in one ordered set, so finding what to redeliver costs
+//! O(timers due), never a walk of the table. The set is keyed by the copy: a copy has a timer
+//! exactly while it is `Held` or `Delayed`, at the deadline its state names, and every state
+//! change goes through [`InFlight::set_state`], which replaces or removes that timer. So a
+//! client that touches or NACKs one copy in a loop moves one timer instead of adding one per
+//! call, an ACK removes its lease timer at once, and the set never holds more timers than copies
+//! are held or delayed (an earlier lazy-deletion heap kept stale timers until their deadline).
 //!
 //! Memory follows the live load, not its peak: an entry drops its value once every copy is done
-//! (it only waits for its delete then), and the table and heap shrink after a drain
-//! ([`super::memory::give_back`]).
+//! (it only waits for its delete then), the table shrinks after a drain
+//! ([`super::memory::give_back`]), and the timer set frees its nodes as timers go.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeSet;
 
 use ahash::AHashMap;
 use smallvec::SmallVec;
@@ -43,17 +42,41 @@ pub enum CopyState {
     Forgotten,
 }
 
+impl CopyState {
+    /// When a copy in this state times out: the end of its lease or of its NACK delay.
+    fn timer_at_ms(self) -> Option<u64> {
+        match self {
+            CopyState::Delayed { until_ms } => Some(until_ms),
+            CopyState::Held { deadline_ms, .. } => Some(deadline_ms),
+            CopyState::Pending | CopyState::Acked | CopyState::Forgotten => None,
+        }
+    }
+}
+
+/// One recipient's copy of a message. Its state is read with [`Copy::state`] and changed only
+/// through [`InFlight::set_state`], which keeps the copy's timer in step with it.
 #[derive(Clone, Debug)]
 pub struct Copy {
     pub recipient: RecipientId,
-    pub state: CopyState,
+    state: CopyState,
     /// Deliveries of this copy so far.
     pub attempt: u32,
-    /// Bumped on every state change; timers and queued deliveries carry the value they saw.
-    pub generation: u64,
 }
 
 impl Copy {
+    /// A copy not yet offered to anyone.
+    pub fn pending(recipient: RecipientId) -> Copy {
+        Copy {
+            recipient,
+            state: CopyState::Pending,
+            attempt: 0,
+        }
+    }
+
+    pub fn state(&self) -> CopyState {
+        self.state
+    }
+
     pub fn is_done(&self) -> bool {
         matches!(self.state, CopyState::Acked | CopyState::Forgotten)
     }
@@ -69,8 +92,8 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn copy_mut(&mut self, recipient: RecipientId) -> Option<&mut Copy> {
-        self.copies.iter_mut().find(|c| c.recipient == recipient)
+    pub fn copy(&self, recipient: RecipientId) -> Option<&Copy> {
+        self.copies.iter().find(|c| c.recipient == recipient)
     }
 
     pub fn all_done(&self) -> bool {
@@ -82,25 +105,20 @@ impl Entry {
     }
 }
 
-/// A lease expiry or the end of a NACK delay.
+/// A lease expiry or the end of a NACK delay. Ordered by time first, so the set's first timer
+/// is the next one due.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Timer {
     pub at_ms: u64,
     pub key: EventKey,
     pub recipient: RecipientId,
-    pub generation: u64,
 }
-
-/// The heap is not rebuilt below this many timers (a rebuild would free almost nothing).
-pub const TIMERS_REBUILD_FLOOR_LEN: usize = 1024;
 
 #[derive(Default)]
 pub struct InFlight {
     pub entries: AHashMap<EventKey, Entry>,
-    timers: BinaryHeap<Reverse<Timer>>,
-    /// Live timers found by the last rebuild: the heap is rebuilt past twice this plus the floor.
-    timers_live_at_rebuild: usize,
-    next_generation: u64,
+    /// One timer per `Held` or `Delayed` copy, at the deadline its state names.
+    timers: BTreeSet<Timer>,
 }
 
 impl InFlight {
@@ -108,87 +126,83 @@ impl InFlight {
         InFlight::default()
     }
 
-    pub fn next_generation(&mut self) -> u64 {
-        self.next_generation += 1;
-        self.next_generation
+    /// The state of one copy, if the message and the copy exist.
+    pub fn state(&self, key: &EventKey, recipient: RecipientId) -> Option<CopyState> {
+        self.entries.get(key)?.copy(recipient).map(Copy::state)
     }
 
-    /// Moves a copy to `state` under a new generation and sets a timer for `at_ms` (the end of a
-    /// lease or of a NACK delay); with `delivered`, counts one more delivery attempt. Returns the
-    /// copy's attempts so far, or `None` (and no timer) when the message or the copy is gone.
-    pub fn arm(
+    /// Moves a copy to `state`, replacing its timer by the one `state` names (a lease deadline,
+    /// the end of a NACK delay) or removing it; with `delivered`, counts one more delivery
+    /// attempt. Returns the copy's attempts so far, or `None` (and no change) when the message or
+    /// the copy is gone.
+    pub fn set_state(
         &mut self,
         key: EventKey,
         recipient: RecipientId,
         state: CopyState,
-        at_ms: u64,
         delivered: bool,
     ) -> Option<u32> {
-        let generation = self.next_generation();
-        let copy = self.entries.get_mut(&key)?.copy_mut(recipient)?;
+        let copy = self
+            .entries
+            .get_mut(&key)?
+            .copies
+            .iter_mut()
+            .find(|c| c.recipient == recipient)?;
+        let before = copy.state.timer_at_ms();
         copy.state = state;
-        copy.generation = generation;
         copy.attempt += u32::from(delivered);
         let attempt = copy.attempt;
-        self.schedule(Timer {
-            at_ms,
-            key,
-            recipient,
-            generation,
-        });
+        if let Some(at_ms) = before {
+            self.timers.remove(&Timer {
+                at_ms,
+                key,
+                recipient,
+            });
+        }
+        if let Some(at_ms) = state.timer_at_ms() {
+            self.timers.insert(Timer {
+                at_ms,
+                key,
+                recipient,
+            });
+        }
         Some(attempt)
     }
 
-    pub fn schedule(&mut self, timer: Timer) {
-        if self.timers.len()
-            >= self
-                .timers_live_at_rebuild
-                .saturating_mul(2)
-                .saturating_add(TIMERS_REBUILD_FLOOR_LEN)
-        {
-            self.drop_stale_timers();
-        }
-        self.timers.push(Reverse(timer));
-    }
-
-    /// Rebuilds the heap with only the timers whose copy has not changed since they were set.
-    fn drop_stale_timers(&mut self) {
-        let entries = &self.entries;
-        self.timers.retain(|Reverse(timer)| is_live(entries, timer));
-        self.timers_live_at_rebuild = self.timers.len();
-        give_back(&mut self.timers);
-    }
-
-    /// The earliest timer, stale or not (a stale one only causes an early, empty wake-up).
+    /// When the next timer is due.
     pub fn next_timer_ms(&self) -> Option<u64> {
-        self.timers.peek().map(|Reverse(t)| t.at_ms)
+        self.timers.first().map(|t| t.at_ms)
     }
 
-    /// Pops the next timer due at `now_ms` whose copy has not changed since it was set.
+    /// Takes the next timer due at `now_ms`. Its copy is still in the state that set it: the
+    /// caller moves the copy on (to its retry list), which finds no timer left to remove.
     pub fn pop_due_timer(&mut self, now_ms: u64) -> Option<Timer> {
-        while let Some(Reverse(timer)) = self.timers.peek().copied() {
-            if timer.at_ms > now_ms {
-                return None;
-            }
-            self.timers.pop();
-            if is_live(&self.entries, &timer) {
-                return Some(timer);
-            }
-            give_back(&mut self.timers);
+        if self.timers.first()?.at_ms > now_ms {
+            return None;
         }
-        None
+        self.timers.pop_first()
     }
 
-    /// Removes an entry (its delete was applied); the table shrinks after a drain.
+    /// Removes an entry (its delete was applied) with its copies' timers; the table shrinks
+    /// after a drain.
     pub fn remove(&mut self, key: &EventKey) -> Option<Entry> {
         let entry = self.entries.remove(key)?;
+        for copy in &entry.copies {
+            if let Some(at_ms) = copy.state.timer_at_ms() {
+                self.timers.remove(&Timer {
+                    at_ms,
+                    key: *key,
+                    recipient: copy.recipient,
+                });
+            }
+        }
         give_back(&mut self.entries);
         Some(entry)
     }
 
-    /// Capacity of the table and of the timer heap (memory accounting, tests).
+    /// Capacity of the table, and the timers held (a tree has no spare capacity).
     pub fn capacities(&self) -> (usize, usize) {
-        (self.entries.capacity(), self.timers.capacity())
+        (self.entries.capacity(), self.timers.len())
     }
 
     pub fn timers_len(&self) -> usize {
@@ -202,12 +216,25 @@ impl InFlight {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
-}
 
-/// Whether `timer`'s copy still exists with the generation the timer was set for.
-fn is_live(entries: &AHashMap<EventKey, Entry>, timer: &Timer) -> bool {
-    entries
-        .get(&timer.key)
-        .and_then(|e| e.copies.iter().find(|c| c.recipient == timer.recipient))
-        .is_some_and(|c| c.generation == timer.generation)
+    /// Checks that timers and copies agree: one timer per held or delayed copy, at its deadline,
+    /// and no other (tests; a walk of the whole table).
+    #[cfg(test)]
+    pub fn assert_timers_match_copies(&self) {
+        let mut expected = 0;
+        for (key, entry) in &self.entries {
+            for copy in &entry.copies {
+                if let Some(at_ms) = copy.state.timer_at_ms() {
+                    expected += 1;
+                    let timer = Timer {
+                        at_ms,
+                        key: *key,
+                        recipient: copy.recipient,
+                    };
+                    assert!(self.timers.contains(&timer), "no timer for {timer:?}");
+                }
+            }
+        }
+        assert_eq!(self.timers.len(), expected, "timers without a copy");
+    }
 }

@@ -26,7 +26,7 @@ pub mod shard;
 pub use crate::batch::{PublishError, ValidatedBatch};
 pub use deleter::DeleteBatch;
 pub use dispatcher::ScanRequest;
-pub use hub::{ConsumerId, RecipientId};
+pub use hub::{ConsumerId, HubLimits, Limit, RecipientId};
 pub use shard::{
     Capacities, ConsumerError, Counters, Delivery, ShardCore, ShardStats, StoreBatch, TagResult,
 };
@@ -34,6 +34,8 @@ pub use shard::{
 #[allow(unused_imports)]
 use crate::storage::Store;
 
+#[cfg(test)]
+mod limit_tests;
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]

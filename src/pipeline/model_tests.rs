@@ -12,6 +12,9 @@
 //! - only the holder's ACK/NACK/touch is accepted; a known holder's is never refused;
 //! - a key is deleted only once it expired or every sticky recipient ACKed it;
 //! - queues and unacknowledged copies stay within their bounds;
+//! - a subscription is refused only past a bound on groups or consumers (groups per topic, per
+//!   shard, consumers per group, all small and random here), never one an existing group has room
+//!   for; timers stay one per held or delayed copy;
 //! - at the end, with every consumer ACKing and time run past every delay, lease, TTL and
 //!   retention, every message without a TTL reached every sticky recipient and the store is empty.
 //!
@@ -29,6 +32,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use futures_lite::future::block_on;
 
 use super::drive;
+use super::hub::Limit;
 use super::shard::{Delivery, StoreBatch, TagResult};
 use super::tests::batch;
 use super::tests::Sim;
@@ -136,6 +140,13 @@ struct Model {
     next_uuid: u128,
     next_payload: u64,
     trace: Vec<String>,
+    /// Groups subscribed to and not forgotten by an admin call: a superset of the core's groups
+    /// (retention may have forgotten some).
+    groups_seen: BTreeSet<(usize, &'static str)>,
+    /// Subscriptions refused so far: past a bound on groups, past a bound on consumers.
+    refused: (u64, u64),
+    /// Groups whose last member left, and when (retention may forget them).
+    groups_emptied: BTreeMap<(usize, &'static str), u64>,
 }
 
 impl Model {
@@ -156,8 +167,16 @@ impl Model {
             delete_batches_in_flight_max: rng.usize(1..=3),
             // Small enough that the delete-backlog pause happens in most runs.
             delete_backlog_keys_max: rng.usize(8..=32),
+            groups_per_topic_max: rng.usize(1..=2),
+            groups_per_shard_max: 0,
+            consumers_per_group_max: rng.usize(2..=6),
         };
         let topics = rng.usize(2..=3);
+        // Every topic's sticky group must fit.
+        let cfg = DeliveryConfig {
+            groups_per_shard_max: rng.usize(topics..=2 * topics),
+            ..cfg
+        };
         let sim = Sim::new(cfg.clone());
         let mut model = Model {
             seed,
@@ -175,12 +194,17 @@ impl Model {
             next_uuid: 1,
             next_payload: 0,
             trace: Vec::new(),
+            groups_seen: BTreeSet::new(),
+            refused: (0, 0),
+            groups_emptied: BTreeMap::new(),
         };
         model.note(format!("seed {seed}: {} topics, {:?}", topics, model.cfg));
         for topic in 0..topics {
             model.subscribe(topic, STICKY_GROUP, true);
             let universal = model.subscribe(topic, "", true);
-            model.sticky_universal.push(universal);
+            model
+                .sticky_universal
+                .push(universal.expect("the first universal consumer fits"));
         }
         model
     }
@@ -408,16 +432,47 @@ impl Model {
         }
     }
 
-    fn subscribe(&mut self, topic: usize, group: &'static str, sticky: bool) -> ConsumerId {
+    /// Subscribes, or checks that the refusal was owed to a bound.
+    fn subscribe(&mut self, topic: usize, group: &'static str, sticky: bool) -> Option<ConsumerId> {
         let uuid = uuid::Uuid::from_u128(self.next_uuid);
         self.next_uuid += 1;
         let now = self.now();
-        let id = self
+        let result = self
             .sim
             .core
             .borrow_mut()
-            .subscribe(now, TOPICS[topic], group, uuid)
-            .unwrap();
+            .subscribe(now, TOPICS[topic], group, uuid);
+        let members = self
+            .consumers
+            .values()
+            .filter(|c| c.topic == topic && c.group == group)
+            .count();
+        let id = match result {
+            Ok(id) => id,
+            Err(e) => {
+                self.note(format!(
+                    "@{now} subscribe {} {group:?} -> {e}",
+                    TOPICS[topic]
+                ));
+                assert!(!sticky, "a sticky consumer was refused: {e}");
+                self.check_refusal(topic, members, e);
+                return None;
+            }
+        };
+        assert!(
+            members < self.cfg.consumers_per_group_max,
+            "{members} consumers of {} {group:?} already, yet one more was accepted",
+            TOPICS[topic]
+        );
+        if !group.is_empty() {
+            self.groups_seen.insert((topic, group));
+            // A group retention may have forgotten is a new recipient of the same name: what the
+            // old one did (ACKs, locks) says nothing about it.
+            let emptied = self.groups_emptied.remove(&(topic, group));
+            if emptied.is_some_and(|at| now >= at + self.cfg.group_retention_ms) {
+                self.forget_records(topic, group);
+            }
+        }
         self.note(format!(
             "@{now} subscribe {} {group:?}{} -> {id:?}",
             TOPICS[topic],
@@ -435,7 +490,46 @@ impl Model {
             },
         );
         assert!(fresh.is_none(), "consumer id reused: {id:?}");
-        id
+        Some(id)
+    }
+
+    /// Drops what the model knows of a group's copies: the group was (or may have been)
+    /// forgotten, and a group of that name is a new recipient.
+    fn forget_records(&mut self, topic: usize, group: &'static str) {
+        let rcpt = Rcpt::Group { topic, group };
+        self.copies.retain(|(_, r), _| *r != rcpt);
+    }
+
+    /// A subscription was refused: the bound it names must really be reached.
+    fn check_refusal(&mut self, topic: usize, members: usize, e: super::ConsumerError) {
+        let super::ConsumerError::Limit(limit) = e else {
+            panic!("subscribe refused for another reason: {e}");
+        };
+        if limit.is_groups() {
+            self.refused.0 += 1;
+        } else {
+            self.refused.1 += 1;
+        }
+        let seen_in_topic = self.groups_seen.iter().filter(|(t, _)| *t == topic).count();
+        match limit {
+            Limit::ConsumersPerGroup { limit, .. } | Limit::UniversalsPerTopic { limit, .. } => {
+                assert_eq!(members, limit, "refused below the consumer bound");
+            }
+            Limit::GroupsPerTopic { limit, .. } => {
+                assert_eq!(members, 0, "an existing group was refused as a new one");
+                assert!(
+                    seen_in_topic >= limit,
+                    "refused below the topic's group bound"
+                );
+            }
+            Limit::GroupsPerShard { limit } => {
+                assert_eq!(members, 0, "an existing group was refused as a new one");
+                assert!(
+                    self.groups_seen.len() >= limit,
+                    "refused below the shard's group bound"
+                );
+            }
+        }
     }
 
     fn unsubscribe_random(&mut self) {
@@ -452,7 +546,15 @@ impl Model {
         let now = self.now();
         self.note(format!("@{now} unsubscribe {id:?}"));
         self.sim.core.borrow_mut().unsubscribe(now, id).unwrap();
-        self.consumers.remove(&id);
+        if let Some(gone) = self.consumers.remove(&id) {
+            let left = self
+                .consumers
+                .values()
+                .any(|c| c.topic == gone.topic && c.group == gone.group);
+            if !gone.group.is_empty() && !left {
+                self.groups_emptied.insert((gone.topic, gone.group), now);
+            }
+        }
         // Copies it was known to hold are released at once: the next pass may hand them to
         // anyone. (A copy whose lock has lapsed may already have moved on: nothing is known.)
         let passes = self.passes;
@@ -493,6 +595,12 @@ impl Model {
                 result.is_err(),
                 "a group with consumers cannot be forgotten"
             );
+        } else {
+            self.groups_seen.remove(&(topic, "g2"));
+        }
+        if result.is_ok() {
+            self.groups_emptied.remove(&(topic, "g2"));
+            self.forget_records(topic, "g2");
         }
     }
 
@@ -853,6 +961,8 @@ impl Model {
 
     fn check_bounds(&self) {
         let core = self.sim.core.borrow();
+        core.assert_consistent();
+        assert!(core.groups_len() <= self.cfg.groups_per_shard_max);
         assert_eq!(core.consumer_count(), self.consumers.len());
         for (id, c) in &self.consumers {
             let (uuid, topic, queue_len, held_len) = core.consumer_info(*id).unwrap();
@@ -969,7 +1079,8 @@ impl Model {
     }
 }
 
-fn run_seed(seed: u64) {
+/// Runs one seed; returns the subscriptions refused for groups and for consumers.
+fn run_seed(seed: u64) -> (u64, u64) {
     let mut model = Model::new(seed);
     let outcome = catch_unwind(AssertUnwindSafe(|| model.run()));
     if let Err(panic) = outcome {
@@ -991,18 +1102,27 @@ fn run_seed(seed: u64) {
             model.seed, model.seed
         );
     }
+    model.refused
 }
 
 #[test]
 fn model_test_random_operations_keep_the_delivery_invariants() {
     if let Ok(seed) = std::env::var("PINQ_MODEL_SEED") {
-        run_seed(seed.parse().expect("PINQ_MODEL_SEED is a number"));
+        let refused = run_seed(seed.parse().expect("PINQ_MODEL_SEED is a number"));
+        eprintln!("refusals (groups, consumers): {refused:?}");
         return;
     }
     let seeds = std::env::var("PINQ_MODEL_SEEDS")
         .ok()
         .map_or(SEEDS, |n| n.parse().expect("PINQ_MODEL_SEEDS is a number"));
+    let mut refused = (0, 0);
     for seed in 0..seeds {
-        run_seed(seed);
+        let (groups, consumers) = run_seed(seed);
+        refused = (refused.0 + groups, refused.1 + consumers);
     }
+    // The bounds are small enough that the seeds meet both kinds of refusal.
+    assert!(
+        refused.0 > 0 && refused.1 > 0,
+        "refusals (groups, consumers): {refused:?}"
+    );
 }

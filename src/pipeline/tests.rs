@@ -1327,29 +1327,3 @@ fn a_drained_in_flight_table_and_timer_heap_give_their_memory_back() {
         "{after:?}"
     );
 }
-
-#[test]
-fn repeated_touches_of_one_copy_do_not_grow_the_timer_heap_without_bound() {
-    let mut sim = Sim::new(config());
-    let c = sim.subscribe("t", "g");
-    let tag = sim.publish("t", "m");
-    sim.settle();
-    sim.recv(c);
-    for _ in 0..10_000 {
-        let results = sim.core.borrow_mut().touch(sim.now_ms, c, &[tag]).unwrap();
-        assert_eq!(results, vec![TagResult::Ok]);
-    }
-    let timers = sim.core.borrow().timers_len();
-    assert!(
-        timers <= 2 + super::inflight::TIMERS_REBUILD_FLOOR_LEN,
-        "{timers} timers for one live lease"
-    );
-    // The lease still holds, and still times out.
-    sim.advance(1_000);
-    sim.settle();
-    assert_eq!(
-        keys(&sim.recv(c)),
-        vec![tag],
-        "redelivered after the last touch's lease"
-    );
-}

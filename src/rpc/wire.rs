@@ -41,6 +41,12 @@ pub enum WireError {
         len: usize,
         max: usize,
     },
+    #[error("{field} is {bytes} bytes (payload and headers), the limit is {max} (publish.maxMessageBytes)")]
+    MessageTooLarge {
+        field: Field,
+        bytes: usize,
+        max: usize,
+    },
     #[error("batch of {len} messages, the limit is {max}")]
     BatchTooLarge { len: usize, max: usize },
     #[error("{field} has an unknown value {value} (newer peer?)")]
@@ -402,6 +408,15 @@ pub struct PublishMessageRef<'a> {
 }
 
 impl PublishMessageRef<'_> {
+    /// The bytes `publish.maxMessageBytes` and `publish.maxBytesInFlight` count: the payload and
+    /// every header's name and value (the topic has its own bound).
+    pub fn counted_bytes(&self) -> usize {
+        self.headers.iter().fold(self.payload.len(), |sum, h| {
+            sum.saturating_add(h.key.len())
+                .saturating_add(h.value.len())
+        })
+    }
+
     /// The stored form of this message, enqueued at `enqueued_at_ms` (the broker's clock).
     pub fn to_stored(&self, enqueued_at_ms: u64) -> StoredMessage {
         StoredMessage {
@@ -491,7 +506,7 @@ pub fn read_publish_message<'a>(
 }
 
 /// Checks one message against the protocol and the broker's limits: topic 1..=255 bytes, payload
-/// within `publish.maxMessageBytes`.
+/// and headers together within `publish.maxMessageBytes`.
 #[inline]
 pub fn check_publish_message(
     message: &PublishMessageRef<'_>,
@@ -502,10 +517,18 @@ pub fn check_publish_message(
         field: Field::at("messages", index, "topic"),
         source,
     })?;
-    if message.payload.len() > limits.message_bytes_max {
+    let bytes = message.counted_bytes();
+    if bytes > limits.message_bytes_max && message.headers.is_empty() {
         return Err(WireError::TooLong {
             field: Field::at("messages", index, "payload"),
-            len: message.payload.len(),
+            len: bytes,
+            max: limits.message_bytes_max,
+        });
+    }
+    if bytes > limits.message_bytes_max {
+        return Err(WireError::MessageTooLarge {
+            field: Field::at("messages", index, ""),
+            bytes,
             max: limits.message_bytes_max,
         });
     }

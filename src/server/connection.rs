@@ -5,8 +5,15 @@
 //! connection's subscriptions arrive in local sinks and are streamed to the client with
 //! `Consumer.deliver`, whose flow control paces them. Bad input becomes a `failed` exception that
 //! names the problem; garbage bytes end the connection. Neither affects other connections.
+//!
+//! What a connection may hold is bounded here with the pieces of `limits.rs`: its bytes pass a
+//! [`FrameGate`] (frame size, and what an unfinished frame may make the server allocate), a
+//! [`Watchdog`] closes it when idle or when a frame stalls, every call takes a place among
+//! `server.maxCallsInFlight`, every subscription one among `server.maxSubscriptionsPerConnection`,
+//! and a publish takes its bytes from this shard's `publish.maxBytesInFlight` budget. A connection
+//! beyond `server.maxConnections` is served by [`refuse`] instead.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
 
@@ -17,41 +24,234 @@ use futures_lite::io::{BufReader, BufWriter};
 use glommio::channels::local_channel::LocalReceiver;
 use glommio::net::TcpStream;
 
+use super::limits::{
+    self, BytePermit, CallSlot, ConnectionSlot, ConnectionUse, EdgeLimits, FrameGate, Observation,
+    ReadProgress, SubscriptionSlot, Verdict, Watchdog,
+};
 use super::mesh::{LeaderHint, Refused, Request, SettleOp, SinkAddr};
-use super::shard::{Shard, Sink};
+use super::shard::{now_ms, Shard, Sink};
 use super::Topology;
 use crate::batch::{PublishError, ShardPart, ValidatedBatch};
 use crate::cluster::view::ClusterView;
 use crate::key::{EventKey, TopicHash};
 use crate::pipeline::{self, ConsumerId, TagResult};
 use crate::rpc::pinq_capnp::{broker, consumer, subscription, TagResult as WireTagResult};
+use crate::rpc::refusal::Code;
 use crate::rpc::{self, OutgoingDelivery, PublishLimits, SettleTags, WireError};
 
 /// Deliveries per `deliver` call.
 const DELIVER_BATCH_MAX: usize = 256;
 
-/// Serves one accepted connection until it closes.
-pub async fn serve(shard: Rc<Shard>, topology: Topology, stream: TcpStream, own_port: bool) {
+/// Serves one accepted connection until it closes, the watchdog closes it, or a frame breaks
+/// the gate's limits. `_slot` holds its place among `server.maxConnections`.
+pub async fn serve(
+    shard: Rc<Shard>,
+    topology: Topology,
+    edge: Rc<EdgeLimits>,
+    _slot: ConnectionSlot,
+    stream: TcpStream,
+    own_port: bool,
+) {
     let _ = stream.set_nodelay(true);
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|_| "?".into());
+    let peer = peer_of(&stream);
+    let progress = Rc::new(ReadProgress::default());
     let (reader, writer) = futures_lite::io::split(stream);
     let network = twoparty::VatNetwork::new(
-        BufReader::new(reader),
+        FrameGate::new(
+            BufReader::new(reader),
+            edge.frame_bytes_max,
+            progress.clone(),
+        ),
         BufWriter::new(writer),
         Side::Server,
-        capnp::message::ReaderOptions::new(),
+        edge.reader_options,
     );
+    let conn = ConnectionUse::new(edge.client);
     let broker: broker::Client = capnp_rpc::new_client(BrokerImpl {
-        shard,
+        shard: shard.clone(),
         topology,
         own_port,
+        conn: conn.clone(),
+        budget_wait: limits::PUBLISH_ROOM_WAIT,
+        edge: edge.clone(),
     });
     let rpc = RpcSystem::new(Box::new(network), Some(broker.client));
-    if let Err(e) = rpc.await {
-        tracing::debug!(peer, "connection closed: {e}");
+    let ended = futures_lite::future::or(
+        async {
+            match rpc.await {
+                Ok(()) => None,
+                Err(e) => Some(format!("{e}")),
+            }
+        },
+        async { Some(watch(&progress, &conn).await) },
+    )
+    .await;
+    if let Some(why) = ended {
+        tracing::debug!(shard = shard.id, peer, "connection closed: {why}");
+    }
+}
+
+fn peer_of(stream: &TcpStream) -> String {
+    stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Observes the connection every tick until the watchdog says to close it; returns why.
+async fn watch(progress: &ReadProgress, conn: &ConnectionUse) -> String {
+    let limits = conn.limits();
+    let tick = Watchdog::tick(limits);
+    let mut dog = Watchdog::new(limits, now_ms());
+    loop {
+        glommio::timer::sleep(tick).await;
+        let verdict = dog.observe(Observation {
+            now_ms: now_ms(),
+            bytes: progress.bytes.get(),
+            frames: progress.frames.get(),
+            frame_open: progress.frame_open.get(),
+            busy: conn.busy(),
+        });
+        match verdict {
+            Verdict::Keep => continue,
+            Verdict::Idle => {
+                return format!(
+                    "idle for server.idleTimeout ({} ms): no call, no subscription, no byte",
+                    limits.idle_timeout_ms
+                )
+            }
+            Verdict::StalledFrame => {
+                return format!(
+                    "a frame was not complete within server.frameTimeout ({} ms)",
+                    limits.frame_timeout_ms
+                )
+            }
+        }
+    }
+}
+
+/// Answers a connection beyond `server.maxConnections`: every call gets `tooManyConnections`,
+/// and the connection closes after the first answer or [`limits::REFUSED_CONNECTION_LINGER`],
+/// whichever comes first. Counted once per connection. When this shard is already answering
+/// [`limits::REFUSING_CONNECTIONS_MAX`] of them, the connection is closed at once.
+pub fn refuse(shard: Rc<Shard>, edge: Rc<EdgeLimits>, stream: TcpStream) {
+    shard.refused(Code::TooManyConnections);
+    if edge.refusing.get() >= limits::REFUSING_CONNECTIONS_MAX {
+        return;
+    }
+    edge.refusing.set(edge.refusing.get() + 1);
+    glommio::spawn_local(async move {
+        let detail = format!(
+            "this node serves {} connections, the limit server.maxConnections ({}); try again later",
+            edge.connections.open(),
+            edge.connections.max()
+        );
+        let (answered, first_answer) = futures_channel::oneshot::channel();
+        let (reader, writer) = futures_lite::io::split(stream);
+        let network = twoparty::VatNetwork::new(
+            // A refused connection needs nothing larger than a small call.
+            FrameGate::new(
+                BufReader::new(reader),
+                limits::DIRECT_FRAME_BYTES_MAX,
+                Rc::new(ReadProgress::default()),
+            ),
+            BufWriter::new(writer),
+            Side::Server,
+            limits::reader_options_for_frames(limits::DIRECT_FRAME_BYTES_MAX),
+        );
+        let broker: broker::Client = capnp_rpc::new_client(Refuser {
+            detail,
+            answered: RefCell::new(Some(answered)),
+        });
+        let rpc = RpcSystem::new(Box::new(network), Some(broker.client));
+        let closing = async {
+            // Let the answer reach the socket before the connection is dropped.
+            if first_answer.await.is_ok() {
+                glommio::timer::sleep(ANSWER_FLUSH).await;
+            }
+        };
+        futures_lite::future::or(
+            async {
+                let _ = rpc.await;
+            },
+            futures_lite::future::or(
+                closing,
+                glommio::timer::sleep(limits::REFUSED_CONNECTION_LINGER),
+            ),
+        )
+        .await;
+        edge.refusing.set(edge.refusing.get().saturating_sub(1));
+    })
+    .detach();
+}
+
+/// How long a refused connection stays open after its answer, for the answer to be written.
+const ANSWER_FLUSH: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The bootstrap `Broker` of a connection beyond `server.maxConnections`.
+struct Refuser {
+    detail: String,
+    answered: RefCell<Option<futures_channel::oneshot::Sender<()>>>,
+}
+
+impl Refuser {
+    fn answer(&self) -> std::future::Ready<Result<(), capnp::Error>> {
+        if let Some(answered) = self.answered.borrow_mut().take() {
+            let _ = answered.send(());
+        }
+        std::future::ready(Err(Code::TooManyConnections.error(&self.detail)))
+    }
+}
+
+impl broker::Server for Refuser {
+    fn hello(
+        self: CapRc<Self>,
+        _: broker::HelloParams,
+        _: broker::HelloResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.answer()
+    }
+    fn publish(
+        self: CapRc<Self>,
+        _: broker::PublishParams,
+        _: broker::PublishResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.answer()
+    }
+    fn subscribe(
+        self: CapRc<Self>,
+        _: broker::SubscribeParams,
+        _: broker::SubscribeResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.answer()
+    }
+    fn topology(
+        self: CapRc<Self>,
+        _: broker::TopologyParams,
+        _: broker::TopologyResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.answer()
+    }
+    fn stats(
+        self: CapRc<Self>,
+        _: broker::StatsParams,
+        _: broker::StatsResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.answer()
+    }
+    fn forget_group(
+        self: CapRc<Self>,
+        _: broker::ForgetGroupParams,
+        _: broker::ForgetGroupResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.answer()
+    }
+    fn cluster_status(
+        self: CapRc<Self>,
+        _: broker::ClusterStatusParams,
+        _: broker::ClusterStatusResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.answer()
     }
 }
 
@@ -59,6 +259,50 @@ struct BrokerImpl {
     shard: Rc<Shard>,
     topology: Topology,
     own_port: bool,
+    conn: Rc<ConnectionUse>,
+    edge: Rc<EdgeLimits>,
+    /// The longest a publish waits for room in the shard's budget.
+    budget_wait: std::time::Duration,
+}
+
+/// A place among the connection's `server.maxCallsInFlight`, or the refusal (counted).
+fn enter_call(shard: &Shard, conn: &Rc<ConnectionUse>) -> Result<CallSlot, capnp::Error> {
+    conn.try_call().ok_or_else(|| {
+        shard.refused(Code::TooManyCalls);
+        Code::TooManyCalls.error(format!(
+            "this connection has {} calls unanswered, the limit server.maxCallsInFlight",
+            conn.limits().calls_in_flight_max
+        ))
+    })
+}
+
+impl BrokerImpl {
+    fn enter_call(&self) -> Result<CallSlot, capnp::Error> {
+        enter_call(&self.shard, &self.conn)
+    }
+
+    /// Takes a publish's bytes from this shard's budget, waiting up to `budget_wait` for room.
+    ///
+    /// The budget is the shard's that accepted the connection, not the owning shard's: the
+    /// request's memory (the read frame and the archives made from it) is allocated here and
+    /// held here until the reply, and one local budget lets a multi-shard batch take its bytes
+    /// at once, with no cross-core round trip and no partial reservation across shards.
+    async fn room_for(&self, bytes: usize) -> Result<BytePermit, capnp::Error> {
+        let budget = &self.edge.budget;
+        match budget.acquire(bytes, self.budget_wait).await {
+            Some(permit) => Ok(permit),
+            None => {
+                self.shard.refused(Code::PublishBytesInFlight);
+                Err(Code::PublishBytesInFlight.error(format!(
+                    "shard {} holds {} bytes of publishes in flight, the limit publish.maxBytesInFlight ({}); waited {} ms for room for {bytes} bytes",
+                    self.shard.id,
+                    budget.in_use(),
+                    budget.max(),
+                    self.budget_wait.as_millis()
+                )))
+            }
+        }
+    }
 }
 
 /// A request for shard `owner` that this node does not serve, as the client is told.
@@ -160,6 +404,7 @@ impl broker::Server for BrokerImpl {
         params: broker::HelloParams,
         mut results: broker::HelloResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.enter_call()?;
         let client_version = params.get()?.get_client_version();
         if client_version == 0 {
             return Err(failed("hello: clientVersion 0 is not a version"));
@@ -180,7 +425,8 @@ impl broker::Server for BrokerImpl {
         params: broker::PublishParams,
         mut results: broker::PublishResults,
     ) -> Result<(), capnp::Error> {
-        let (parts, len) = {
+        let _call = self.enter_call()?;
+        let (parts, len, bytes) = {
             let params = params.get()?;
             let ack = rpc::read_ack_level(params.get_ack_level()).map_err(wire)?;
             let limits = PublishLimits::from(&self.topology.publish);
@@ -189,38 +435,62 @@ impl broker::Server for BrokerImpl {
             let parts =
                 ValidatedBatch::split(&messages, ack, &self.topology.publish, self.shard.count)
                     .map_err(publish_refused)?;
-            (parts, messages.len())
+            let bytes = messages
+                .iter()
+                .fold(0usize, |sum, m| sum.saturating_add(m.counted_bytes()));
+            (parts, messages.len(), bytes)
         };
         if let Some(hint) = parts.iter().find_map(|p| self.not_led_here(p.shard)) {
             write_not_leader(results.get().init_not_leader(), &hint);
             return Ok(());
         }
+        let _room = self.room_for(bytes).await?;
+        // Every owning shard works on its part at once; the reply waits for all of them.
+        let calls: Vec<_> = parts
+            .into_iter()
+            .map(|part| {
+                let ShardPart {
+                    shard: owner,
+                    places,
+                    batch,
+                } = part;
+                let shard = self.shard.clone();
+                let call = glommio::spawn_local(async move {
+                    shard
+                        .call(owner, |reply| Request::Publish { batch, reply })
+                        .await
+                });
+                (places, call)
+            })
+            .collect();
         let mut tags = vec![EventKey::new(TopicHash(0), 0, 0); len];
-        for (i, part) in parts.into_iter().enumerate() {
-            let ShardPart {
-                shard: owner,
-                places,
-                batch,
-            } = part;
-            let shard_tags = match self
-                .shard
-                .call(owner, |reply| Request::Publish { batch, reply })
-                .await
-            {
-                Ok(tags) => tags,
-                // Nothing of the batch was stored yet: the client may go to the leader.
-                Err(Refused::NotLeader(hint)) if i == 0 => {
-                    write_not_leader(results.get().init_not_leader(), &hint);
-                    return Ok(());
+        let mut stored = 0usize;
+        let mut refusal = None;
+        for (places, call) in calls {
+            match call.await {
+                Ok(shard_tags) => {
+                    stored += 1;
+                    for (place, tag) in places.into_iter().zip(shard_tags) {
+                        tags[place as usize] = tag;
+                    }
                 }
-                Err(e) => return Err(failed(format!("publish: {e}"))),
-            };
-            for (place, tag) in places.into_iter().zip(shard_tags) {
-                tags[place as usize] = tag;
+                Err(e) => {
+                    refusal.get_or_insert(e);
+                }
             }
         }
-        rpc::write_tags(results.get().init_tags(tags.len() as u32), &tags);
-        Ok(())
+        match refusal {
+            None => {
+                rpc::write_tags(results.get().init_tags(tags.len() as u32), &tags);
+                Ok(())
+            }
+            // Nothing of the batch was stored: the client may go to the leader.
+            Some(Refused::NotLeader(hint)) if stored == 0 => {
+                write_not_leader(results.get().init_not_leader(), &hint);
+                Ok(())
+            }
+            Some(e) => Err(failed(format!("publish: {e}"))),
+        }
     }
 
     async fn subscribe(
@@ -228,6 +498,14 @@ impl broker::Server for BrokerImpl {
         params: broker::SubscribeParams,
         mut results: broker::SubscribeResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.enter_call()?;
+        let slot = self.conn.try_subscribe().ok_or_else(|| {
+            self.shard.refused(Code::TooManySubscriptions);
+            Code::TooManySubscriptions.error(format!(
+                "this connection has {} subscriptions open, the limit server.maxSubscriptionsPerConnection",
+                self.conn.limits().subscriptions_max
+            ))
+        })?;
         let (topic, group, consumer_cap, queue_size) = {
             let params = params.get()?;
             let topic = params
@@ -301,11 +579,13 @@ impl broker::Server for BrokerImpl {
         .detach();
         let handle = SubscriptionImpl {
             shard: self.shard.clone(),
+            conn: self.conn.clone(),
             owner,
             consumer,
             sink_id,
             sink,
             closed: Cell::new(false),
+            slot: RefCell::new(Some(slot)),
         };
         let mut reply = results.get();
         reply.set_subscription(capnp_rpc::new_client(handle));
@@ -318,6 +598,10 @@ impl broker::Server for BrokerImpl {
         _: broker::TopologyParams,
         mut results: broker::TopologyResults,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        let _call = match self.enter_call() {
+            Ok(call) => call,
+            Err(e) => return std::future::ready(Err(e)),
+        };
         let mut shards = self.topology.shards();
         if let Some(view) = &self.shard.cluster {
             for (info, replica) in shards.iter_mut().zip(view.shards()) {
@@ -336,6 +620,10 @@ impl broker::Server for BrokerImpl {
         _: broker::ClusterStatusParams,
         mut results: broker::ClusterStatusResults,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        let _call = match self.enter_call() {
+            Ok(call) => call,
+            Err(e) => return std::future::ready(Err(e)),
+        };
         let status = match &self.shard.cluster {
             Some(view) => cluster_status(view),
             None => rpc::cluster::ClusterStatus::default(),
@@ -349,6 +637,7 @@ impl broker::Server for BrokerImpl {
         _: broker::StatsParams,
         mut results: broker::StatsResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.enter_call()?;
         let mut stats = rpc::Stats::default();
         for owner in 0..self.shard.count {
             let s = self
@@ -381,6 +670,7 @@ impl broker::Server for BrokerImpl {
         params: broker::ForgetGroupParams,
         _: broker::ForgetGroupResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.enter_call()?;
         let (topic, group) = {
             let params = params.get()?;
             let topic = params
@@ -459,11 +749,14 @@ async fn forward(
 
 struct SubscriptionImpl {
     shard: Rc<Shard>,
+    conn: Rc<ConnectionUse>,
     owner: usize,
     consumer: ConsumerId,
     sink_id: u64,
     sink: Rc<Sink>,
     closed: Cell<bool>,
+    /// Its place among the connection's subscriptions, given back when it closes.
+    slot: RefCell<Option<SubscriptionSlot>>,
 }
 
 impl SubscriptionImpl {
@@ -472,6 +765,7 @@ impl SubscriptionImpl {
         op: SettleOp,
         tags: capnp::data_list::Reader<'_>,
     ) -> Result<Vec<TagResult>, capnp::Error> {
+        let _call = enter_call(&self.shard, &self.conn)?;
         if self.closed.get() {
             return Err(failed("subscription is closed"));
         }
@@ -499,6 +793,7 @@ impl SubscriptionImpl {
         if self.closed.replace(true) {
             return;
         }
+        self.slot.borrow_mut().take();
         self.shard.close_sink(self.sink_id);
         self.sink.close();
         let shard = self.shard.clone();

@@ -11,6 +11,8 @@
 //! shard has shut down gracefully.
 
 pub mod connection;
+pub mod exclusive;
+pub mod limits;
 pub mod mesh;
 pub mod shard;
 pub mod shutdown;
@@ -23,6 +25,7 @@ use anyhow::Context;
 use glommio::channels::shared_channel::{self, ConnectedReceiver, SharedReceiver, SharedSender};
 use glommio::{LocalExecutorBuilder, Placement};
 
+use self::limits::{Backoff, ConnectionCount, EdgeLimits, LogLimiter};
 use self::mesh::ShardMsg;
 use self::shard::{now_ms, Kick, Shard};
 use self::shutdown::ShutdownFlag;
@@ -93,12 +96,18 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             .collect();
         ClusterView::new(c.node_id, nodes, count)
     });
+    let _data_dir_lock = match config.storage.engine {
+        StorageEngine::Memory => None,
+        _ => Some(exclusive::lock_data_dir(&config.server.data_dir)?),
+    };
+    ensure_ports_free(&config)?;
     let listen = resolve_port(config.server.listen)?;
     let ops = Ops {
         slots: MetricsSlots::new(count),
         shutdown: ShutdownFlag::default(),
     };
     shutdown::install(ops.shutdown.clone())?;
+    shutdown::stop_node_on_panic(ops.shutdown.clone());
     let serving = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let metrics = MetricsEndpoint::start(
         config.server.metrics_listen,
@@ -127,6 +136,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         publish: config.publish.clone(),
         shards: Arc::new(Mutex::new(Vec::new())),
     };
+    let connections = ConnectionCount::new(config.server.client.connections_max);
     let (started_tx, started_rx) = mpsc::channel::<Result<Started, String>>();
     let mut handles = Vec::with_capacity(count);
     for (shard_id, (peer_senders, peer_receivers)) in senders.into_iter().zip(receivers).enumerate()
@@ -137,6 +147,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         let started = started_tx.clone();
         let ops = ops.clone();
         let cluster_view = cluster_view.clone();
+        let connections = connections.clone();
         let own_addr = config.server.shard_listen(shard_id);
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("pinq-shard-{shard_id}"))
@@ -153,6 +164,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                     started,
                     ops,
                     cluster_view,
+                    connections,
                 )
                 .await
             })
@@ -195,13 +207,15 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     println!("pinq metrics on {}", metrics.addr);
     tracing::info!(listen = %shards[0].shared, metrics = %metrics.addr, shards = count, "pinq is serving");
 
-    for handle in handles {
+    // Join every shard, even after one failed: the others drain and close their stores first.
+    let mut lost = None;
+    for (shard, handle) in handles.into_iter().enumerate() {
         if let Err(e) = handle.join() {
-            anyhow::bail!("a shard failed: {e}");
+            lost.get_or_insert(format!("shard {shard} stopped abnormally: {e}"));
         }
     }
     metrics.stop();
-    if let Some(reason) = ops.shutdown.failure() {
+    if let Some(reason) = ops.shutdown.failure().map(str::to_string).or(lost) {
         anyhow::bail!("{reason}; the broker stopped (every shard drained what it could)");
     }
     // Each shard stored a last snapshot after closing its store: report what it had stored.
@@ -214,6 +228,18 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         .sum();
     println!("pinq stopped: every shard drained and closed its store; {published} message(s) published since start");
     tracing::info!(published, "pinq stopped");
+    Ok(())
+}
+
+/// Refuses to start beside another broker on the client port, a shard port or the Raft port.
+fn ensure_ports_free(config: &Config) -> anyhow::Result<()> {
+    exclusive::ensure_port_free(config.server.listen, "client port")?;
+    for shard in 0..config.server.cpus.len() {
+        exclusive::ensure_port_free(config.server.shard_listen(shard), "shard port")?;
+    }
+    if let Some(cluster) = &config.cluster {
+        exclusive::ensure_port_free(cluster.raft_listen, "raft port")?;
+    }
     Ok(())
 }
 
@@ -239,6 +265,7 @@ async fn shard_main(
     started: mpsc::Sender<Result<Started, String>>,
     ops: Ops,
     cluster_view: Option<ClusterView>,
+    connections: ConnectionCount,
 ) {
     let fail = |e: String| {
         let _ = started.send(Err(format!("shard {shard_id}: {e}")));
@@ -329,16 +356,19 @@ async fn shard_main(
         own: own_bound,
     }));
     tracing::debug!(shard = shard_id, %shared_addr, %own_bound, "shard listening");
+    inject_panic_if_asked(shard_id);
 
+    let edge = EdgeLimits::new(config.server.client, &config.publish, connections);
     let accept_own = {
         let shard = shard.clone();
         let topology = topology.clone();
-        async move { accept_loop(shard, topology, own, true).await }
+        let edge = edge.clone();
+        async move { accept_loop(shard, topology, edge, own, true).await }
     };
     // The accept loops never end on their own: the shutdown flag ends them, and dropping them
     // closes both listeners before the shard drains.
     let accepting = futures_lite::future::zip(
-        accept_loop(shard.clone(), topology, shared, false),
+        accept_loop(shard.clone(), topology, edge, shared, false),
         accept_own,
     );
     futures_lite::future::or(
@@ -352,6 +382,24 @@ async fn shard_main(
         .shut_down(std::time::Instant::now() + shutdown::DRAIN_MAX)
         .await;
     shard.publish_snapshot(&ops.slots);
+}
+
+/// Fault injection for the tests of what a panic does: `PINQ_FAULT_PANIC_SHARD=N` makes shard
+/// `N` panic half a second after it starts serving. Never set in production.
+fn inject_panic_if_asked(shard_id: usize) {
+    let asked = std::env::var("PINQ_FAULT_PANIC_SHARD").ok();
+    if asked.and_then(|v| v.parse::<usize>().ok()) != Some(shard_id) {
+        return;
+    }
+    tracing::warn!(
+        shard = shard_id,
+        "PINQ_FAULT_PANIC_SHARD is set: this shard will panic"
+    );
+    glommio::spawn_local(async move {
+        glommio::timer::sleep(std::time::Duration::from_millis(500)).await;
+        panic!("fault injected by PINQ_FAULT_PANIC_SHARD={shard_id}");
+    })
+    .detach();
 }
 
 /// Opens the shard's store: standalone, the engine `storage.engine` names; in a cluster, the
@@ -455,26 +503,47 @@ fn start_cluster(
     Ok(())
 }
 
+/// Accepts clients until dropped. A connection beyond `server.maxConnections` is handed to
+/// [`connection::refuse`], which answers it with `tooManyConnections`. A failed accept (EMFILE:
+/// out of file descriptors) backs off, doubling up to 1 s, and is logged at most once per
+/// [`limits::ACCEPT_ERROR_LOG_INTERVAL_MS`] with the count of the failures not logged.
 async fn accept_loop(
     shard: Rc<Shard>,
     topology: Topology,
+    edge: Rc<EdgeLimits>,
     listener: glommio::net::TcpListener,
     own_port: bool,
 ) {
+    let mut log = LogLimiter::new(limits::ACCEPT_ERROR_LOG_INTERVAL_MS);
+    let mut backoff = Backoff::default();
     loop {
         match listener.accept().await {
             Ok(stream) => {
+                backoff.succeeded();
+                let Some(slot) = edge.connections.try_open() else {
+                    connection::refuse(shard.clone(), edge.clone(), stream);
+                    continue;
+                };
                 glommio::spawn_local(connection::serve(
                     shard.clone(),
                     topology.clone(),
+                    edge.clone(),
+                    slot,
                     stream,
                     own_port,
                 ))
                 .detach();
             }
             Err(e) => {
-                tracing::warn!(shard = shard.id, "accept failed: {e}");
-                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                let pause = backoff.failed();
+                if let Some(suppressed) = log.note(now_ms()) {
+                    tracing::warn!(
+                        shard = shard.id,
+                        suppressed,
+                        "accept failed: {e}; retrying in {pause:?} ({suppressed} more failures since the last line)"
+                    );
+                }
+                glommio::timer::sleep(pause).await;
             }
         }
     }

@@ -39,7 +39,7 @@ use crate::cluster::view::ClusterView;
 use crate::config::DeliveryConfig;
 use crate::metrics::{MetricsSlots, Problem, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
 use crate::ops::ratelimit::{RateLimit, LOG_INTERVAL_MS};
-use crate::pipeline::{drive, ConsumerId, Delivery, ShardCore};
+use crate::pipeline::{drive, ConsumerError, ConsumerId, Delivery, ShardCore};
 use crate::rpc::refusal::{Code, RefusalCounts};
 use crate::storage::{ShardStore, StoreError};
 
@@ -90,6 +90,8 @@ impl Drop for InProgress<'_> {
 struct Route {
     sink: SinkAddr,
     credit: usize,
+    /// A task is moving this consumer's deliveries to its sink (at most one per consumer).
+    pumping: bool,
 }
 
 /// A notifier that coalesces kicks: at most one wake-up waits.
@@ -388,12 +390,17 @@ impl Shard {
                     .borrow_mut()
                     .subscribe(now_ms(), &topic, &group, uuid);
                 if let Ok(consumer) = result {
-                    self.routes
-                        .borrow_mut()
-                        .insert(consumer, Route { sink, credit });
+                    self.routes.borrow_mut().insert(
+                        consumer,
+                        Route {
+                            sink,
+                            credit,
+                            pumping: false,
+                        },
+                    );
                 }
                 self.dispatcher.kick();
-                let _ = reply.send(result.map_err(|e| Refused::Failed(e.to_string())));
+                let _ = reply.send(result.map_err(|e| self.consumer_refusal(e)));
             }
             Request::Unsubscribe { consumer } => {
                 self.routes.borrow_mut().remove(&consumer);
@@ -440,6 +447,19 @@ impl Shard {
         }
     }
 
+    /// The refusal of a consumer call. A bound's refusal (groups, consumers per group) is
+    /// counted, and its text starts with its code, which the connection passes on in its
+    /// exception ("subscribe: tooManyGroups: ..."), so the client reads the code from it.
+    fn consumer_refusal(&self, e: ConsumerError) -> Refused {
+        let code = match &e {
+            ConsumerError::Limit(limit) if limit.is_groups() => Code::TooManyGroups,
+            ConsumerError::Limit(_) => Code::TooManyConsumers,
+            _ => return Refused::Failed(e.to_string()),
+        };
+        self.refused(code);
+        Refused::Failed(code.error(e).extra)
+    }
+
     /// Answers a request that needs a serving shard with `NotLeader` when this one does not
     /// serve; returns the request otherwise.
     fn refuse_if_not_serving(&self, request: Request) -> Option<Request> {
@@ -465,7 +485,7 @@ impl Shard {
                 glommio::spawn_local(async move { shard.handle(request).await }).detach();
             }
             ShardMsg::Deliver { sink, deliveries } => self.deliver_local(sink, deliveries),
-            ShardMsg::Credit { consumer, n } => self.add_credit(consumer, n).await,
+            ShardMsg::Credit { consumer, n } => self.add_credit(consumer, n),
             ShardMsg::CloseSink { sink } => self.close_sink(sink),
             ShardMsg::RaftIn(messages) => {
                 if let Some(store) = self.replicated() {
@@ -626,7 +646,7 @@ impl Shard {
     /// The sink sent `n` deliveries on: return the credit to the owner.
     pub async fn return_credit(self: &Rc<Self>, owner: usize, consumer: ConsumerId, n: usize) {
         if owner == self.id {
-            self.add_credit(consumer, n).await;
+            self.add_credit(consumer, n);
         } else if let Err(e) = self.send_to(owner, ShardMsg::Credit { consumer, n }).await {
             tracing::warn!(shard = self.id, "{e}");
         }
@@ -634,26 +654,45 @@ impl Shard {
 
     // ---- routing deliveries (owner side) -------------------------------------------------
 
-    async fn add_credit(self: &Rc<Self>, consumer: ConsumerId, n: usize) {
-        if let Some(route) = self.routes.borrow_mut().get_mut(&consumer) {
+    /// Adds credit and moves what it allows in a task of its own, never in the caller: a mesh
+    /// receive loop that awaited a send to a full channel could deadlock with the shard on the
+    /// other end doing the same. At most one such task runs per consumer.
+    fn add_credit(self: &Rc<Self>, consumer: ConsumerId, n: usize) {
+        {
+            let mut routes = self.routes.borrow_mut();
+            let Some(route) = routes.get_mut(&consumer) else {
+                return;
+            };
             route.credit += n;
+            if route.pumping {
+                return;
+            }
+            route.pumping = true;
         }
-        self.pump(consumer).await;
+        let shard = self.clone();
+        glommio::spawn_local(async move {
+            while shard.pump(consumer).await {}
+            if let Some(route) = shard.routes.borrow_mut().get_mut(&consumer) {
+                route.pumping = false;
+            }
+        })
+        .detach();
     }
 
-    /// Moves a consumer's queued deliveries to its sink, within credit.
-    async fn pump(self: &Rc<Self>, consumer: ConsumerId) {
+    /// Moves a consumer's queued deliveries to its sink, within credit; returns whether it
+    /// moved any.
+    async fn pump(self: &Rc<Self>, consumer: ConsumerId) -> bool {
         let (sink, credit) = match self.routes.borrow().get(&consumer) {
             Some(route) => (route.sink, route.credit),
-            None => return,
+            None => return false,
         };
         if credit == 0 {
-            return;
+            return false;
         }
         let now = now_ms();
         let deliveries = self.core.borrow_mut().drain(now, consumer, credit);
         if deliveries.is_empty() {
-            return;
+            return false;
         }
         self.record_delivery_latency(now, &deliveries);
         if let Some(route) = self.routes.borrow_mut().get_mut(&consumer) {
@@ -675,6 +714,7 @@ impl Shard {
         {
             tracing::warn!(shard = self.id, "{e}");
         }
+        true
     }
 
     /// Due time → hand-off, for first deliveries only (a redelivery's lateness is the lease or

@@ -68,6 +68,53 @@ impl ShutdownFlag {
     }
 }
 
+/// Makes a panic anywhere in the broker stop the whole node: the panic is printed as usual, the
+/// failure is recorded in `flag` (every other shard drains and closes its store, then
+/// `pinq serve` exits 1 naming the panic), and should the drain itself hang, a watchdog ends
+/// the process with status 70 once [`DRAIN_MAX`] and a grace period have passed. A node never
+/// goes on serving with one dead shard beside live ones.
+pub fn stop_node_on_panic(flag: ShutdownFlag) {
+    let print = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        print(info);
+        let thread = std::thread::current()
+            .name()
+            .unwrap_or("a thread")
+            .to_string();
+        let reason = format!("{thread} panicked: {}", panic_text(info));
+        if !flag.fail(reason.clone()) {
+            return;
+        }
+        eprintln!("pinq: {reason}; stopping the node");
+        let _ = std::thread::Builder::new()
+            .name("pinq-panic-watchdog".into())
+            .spawn(|| {
+                std::thread::sleep(DRAIN_MAX + PANIC_GRACE);
+                eprintln!(
+                    "pinq: the node did not stop within {:?} of a panic: exiting",
+                    DRAIN_MAX + PANIC_GRACE
+                );
+                std::process::exit(70);
+            });
+    }));
+}
+
+/// Beyond [`DRAIN_MAX`], how long the panic watchdog waits for an orderly stop.
+const PANIC_GRACE: Duration = Duration::from_secs(5);
+
+fn panic_text(info: &std::panic::PanicHookInfo<'_>) -> String {
+    let payload = info
+        .payload()
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| info.payload().downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into());
+    match info.location() {
+        Some(at) => format!("{payload} at {at}"),
+        None => payload,
+    }
+}
+
 /// Installs the SIGTERM/SIGINT handler thread for `flag`.
 pub fn install(flag: ShutdownFlag) -> anyhow::Result<()> {
     let mut signals = Signals::new([SIGTERM, SIGINT])

@@ -12,13 +12,22 @@
 //! [`probe_disk`] opens an existing non-empty marker file first; and `DmaFile::create` opens
 //! write-only, so [`open_rw`] is used instead.
 //!
+//! Every operation here asks the [`seam`] first what the disk does with it: nothing installed
+//! (the server) means straight through to glommio; a test installs a simulated disk
+//! ([`sim::FaultDisk`]) that fails or tears a seeded few. Nothing else in the engine or the
+//! standalone log may touch a file, so every fault a test injects reaches them through here.
+//!
 //! Called by the WAL, table, manifest and recovery shells. Must never be used from a pure codec.
+
+pub mod seam;
+pub mod sim;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use glommio::io::{DmaBuffer, DmaFile, OpenOptions, ReadResult};
 
+use self::seam::{Op, Outcome};
 use super::{corrupt, io_error, MARKER_FILE};
 use crate::storage::StoreError;
 
@@ -38,6 +47,16 @@ fn gerr(path: &Path, e: glommio::GlommioError<()>) -> StoreError {
     io_error(path, e.into())
 }
 
+/// Asks the installed disk about `op`: an error when it fails it. A torn outcome is a failure
+/// for every operation but a write (see [`write_padded`]).
+#[inline]
+fn admit(op: Op<'_>) -> Result<(), StoreError> {
+    match seam::decide(op) {
+        Outcome::Proceed => Ok(()),
+        Outcome::Fail(e) | Outcome::Torn { error: e, .. } => Err(io_error(op.path(), e)),
+    }
+}
+
 /// Makes DMA reads work on this disk for the current executor (glommio issue #605).
 ///
 /// Creates the marker file with std I/O if it is missing, then opens it with `DmaFile::open`
@@ -51,6 +70,10 @@ pub async fn probe_disk(dir: &Path) -> Result<(), StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
         Err(e) => return Err(io_error(&marker, e)),
     };
+    admit(Op::Open {
+        path: &marker,
+        create: needs_marker,
+    })?;
     if needs_marker {
         let mut body = b"pinq storage directory, format 1\n".to_vec();
         body.resize(MARKER_BYTES, b'\n');
@@ -67,6 +90,7 @@ pub async fn probe_disk(dir: &Path) -> Result<(), StoreError> {
 /// Opens (creating if needed) a file for DMA reads and writes. Never `DmaFile::create`: it opens
 /// write-only and reads then fail with EBADF.
 pub async fn open_rw(path: &Path, truncate: bool) -> Result<DmaFile, StoreError> {
+    admit(Op::Open { path, create: true })?;
     OpenOptions::new()
         .read(true)
         .write(true)
@@ -79,6 +103,10 @@ pub async fn open_rw(path: &Path, truncate: bool) -> Result<DmaFile, StoreError>
 
 /// Opens an existing file for DMA reads.
 pub async fn open_read(path: &Path) -> Result<DmaFile, StoreError> {
+    admit(Op::Open {
+        path,
+        create: false,
+    })?;
     OpenOptions::new()
         .read(true)
         .dma_open(path)
@@ -94,6 +122,7 @@ pub async fn read_exact_at(
     pos: u64,
     len: usize,
 ) -> Result<ReadResult, StoreError> {
+    admit(Op::Read { path, pos, len })?;
     let read = file.read_at(pos, len).await.map_err(|e| gerr(path, e))?;
     if read.len() != len {
         return Err(corrupt(
@@ -106,6 +135,7 @@ pub async fn read_exact_at(
 
 /// Size of an open file.
 pub async fn file_size(file: &DmaFile, path: &Path) -> Result<u64, StoreError> {
+    admit(Op::Size { path })?;
     file.file_size().await.map_err(|e| gerr(path, e))
 }
 
@@ -123,6 +153,18 @@ pub async fn write_padded(
     let dst = buf.as_bytes_mut();
     dst[..bytes.len()].copy_from_slice(bytes);
     dst[bytes.len()..].fill(0);
+    match seam::decide(Op::Write {
+        path,
+        pos,
+        len: padded,
+    }) {
+        Outcome::Proceed => {}
+        Outcome::Fail(e) => return Err(io_error(path, e)),
+        Outcome::Torn { bytes, error } => {
+            tear(file, path, pos, buf, bytes).await?;
+            return Err(io_error(path, error));
+        }
+    }
     let written = file.write_at(buf, pos).await.map_err(|e| gerr(path, e))?;
     if written != padded {
         return Err(io_error(
@@ -134,6 +176,28 @@ pub async fn write_padded(
         ));
     }
     Ok(padded)
+}
+
+/// A torn write, for a simulated disk: only the first `keep` bytes of `new` (whole sectors)
+/// replace what the file holds at `pos`; the rest of the range keeps its old bytes (zeros past
+/// the end of the file).
+async fn tear(
+    file: &DmaFile,
+    path: &Path,
+    pos: u64,
+    mut new: DmaBuffer,
+    keep: usize,
+) -> Result<(), StoreError> {
+    let len = new.len();
+    let old = file.read_at(pos, len).await.map_err(|e| gerr(path, e))?;
+    let dst = new.as_bytes_mut();
+    dst[keep..].fill(0);
+    let old_end = old.len().min(len);
+    if keep < old_end {
+        dst[keep..old_end].copy_from_slice(&old[keep..old_end]);
+    }
+    file.write_at(new, pos).await.map_err(|e| gerr(path, e))?;
+    Ok(())
 }
 
 /// Writes `len` zero bytes at the aligned offset `pos` (`len` a multiple of [`WRITE_ALIGN`]),
@@ -154,6 +218,12 @@ pub async fn write_zeros(
     let mut at = pos;
     while at < pos + len {
         let this = (pos + len - at).min(chunk as u64) as usize;
+        // A torn zero fill is a shorter one: the disk fails it whole.
+        admit(Op::Write {
+            path,
+            pos: at,
+            len: this,
+        })?;
         let written = if this == chunk {
             file.write_rc_at(std::rc::Rc::clone(&buf), at).await
         } else {
@@ -178,6 +248,7 @@ pub async fn write_zeros(
 
 /// fdatasync of one file.
 pub async fn fdatasync(file: &DmaFile, path: &Path) -> Result<(), StoreError> {
+    admit(Op::Sync { path })?;
     file.fdatasync().await.map_err(|e| gerr(path, e))
 }
 
@@ -188,6 +259,7 @@ pub async fn close(file: DmaFile, path: &Path) -> Result<(), StoreError> {
 
 /// fsyncs a directory so that creations, renames and removals in it are durable.
 pub async fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    admit(Op::SyncDir { dir })?;
     let handle = glommio::io::Directory::open(dir)
         .await
         .map_err(|e| gerr(dir, e))?;
@@ -197,6 +269,7 @@ pub async fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 
 /// Blocking directory fsync, for recovery before the shard serves.
 pub fn sync_dir_blocking(dir: &Path) -> Result<(), StoreError> {
+    admit(Op::SyncDir { dir })?;
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io_error(dir, e))
@@ -204,6 +277,7 @@ pub fn sync_dir_blocking(dir: &Path) -> Result<(), StoreError> {
 
 /// Renames a file (not durable until the directory is synced).
 pub async fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
+    admit(Op::Rename { from, to })?;
     glommio::io::rename(from, to)
         .await
         .map_err(|e| gerr(from, e))
@@ -211,6 +285,7 @@ pub async fn rename(from: &Path, to: &Path) -> Result<(), StoreError> {
 
 /// Removes a file; a file already gone is not an error.
 pub async fn remove(path: &Path) -> Result<(), StoreError> {
+    admit(Op::Remove { path })?;
     match glommio::io::remove(path).await {
         Ok(()) => Ok(()),
         Err(e) => {
@@ -222,6 +297,41 @@ pub async fn remove(path: &Path) -> Result<(), StoreError> {
             }
         }
     }
+}
+
+/// Reads a whole file with std I/O (recovery, before the shard serves). The error is the plain
+/// `io::Error`, so a caller can tell a missing file from a failed read.
+pub fn read_blocking(path: &Path) -> std::io::Result<Vec<u8>> {
+    let bytes = std::fs::read(path)?;
+    match seam::decide(Op::Read {
+        path,
+        pos: 0,
+        len: bytes.len(),
+    }) {
+        Outcome::Proceed => Ok(bytes),
+        Outcome::Fail(e) | Outcome::Torn { error: e, .. } => Err(e),
+    }
+}
+
+/// Removes a file with std I/O (recovery); a file already gone is not an error.
+pub fn remove_blocking(path: &Path) -> Result<(), StoreError> {
+    admit(Op::Remove { path })?;
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_error(path, e)),
+    }
+}
+
+/// Cuts a file to `len` bytes and syncs it, with std I/O (recovery cutting a torn tail).
+pub fn truncate_blocking(path: &Path, len: u64) -> Result<(), StoreError> {
+    admit(Op::Truncate { path, len })?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| io_error(path, e))?;
+    file.set_len(len).map_err(|e| io_error(path, e))?;
+    file.sync_all().map_err(|e| io_error(path, e))
 }
 
 /// Streams bytes into a new file with aligned DMA writes of `chunk_bytes`, then seals it:
@@ -288,6 +398,10 @@ impl DmaWriter {
             write_padded(&self.file, &self.path, self.chunk_pos, &self.chunk).await?;
             self.chunk.clear();
         }
+        admit(Op::Truncate {
+            path: &self.path,
+            len,
+        })?;
         self.file
             .truncate(len)
             .await

@@ -162,7 +162,7 @@ pub async fn write(dir: &Path, manifest: &Manifest) -> Result<(), StoreError> {
 /// Reads the manifest, if the directory has one. Blocking: recovery only.
 pub fn read_blocking(dir: &Path) -> Result<Option<Manifest>, StoreError> {
     let path = dir.join(MANIFEST_FILE);
-    match std::fs::read(&path) {
+    match dio::read_blocking(&path) {
         Ok(bytes) => Manifest::decode(&bytes)
             .map(Some)
             .map_err(|e| corrupt(&path, e.to_string())),

@@ -52,20 +52,12 @@ pub(crate) struct Recovered {
 pub(crate) fn remove_orphans(dir: &Path, orphans: &[PathBuf]) -> Result<(), StoreError> {
     for path in orphans {
         tracing::info!(file = %path.display(), "removing orphan file");
-        remove_blocking(path)?;
+        dio::remove_blocking(path)?;
     }
     if !orphans.is_empty() {
         dio::sync_dir_blocking(dir)?;
     }
     Ok(())
-}
-
-fn remove_blocking(path: &Path) -> Result<(), StoreError> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_error(path, e)),
-    }
 }
 
 /// Rebuilds the engine's state from `dir` (created if missing). Changes no file but the

@@ -26,8 +26,8 @@ use std::time::Duration;
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
 use super::{
-    format_byte_size, online_cpus, parse_byte_size, AckLevel, Config, CpuList, DeliveryConfig,
-    NumaMode, PublishConfig, ServerConfig, StorageConfig, StorageEngine,
+    format_byte_size, online_cpus, parse_byte_size, AckLevel, ClientLimits, Config, CpuList,
+    DeliveryConfig, NumaMode, PublishConfig, ServerConfig, StorageConfig, StorageEngine,
 };
 
 mod cluster;
@@ -60,8 +60,18 @@ const CONSUMER_QUEUE_LEN_LIMIT: usize = 1 << 20;
 const UNACKED_PER_CONSUMER_LIMIT: usize = 1 << 24;
 const RETRY_LEN_LIMIT: usize = 1 << 24;
 const SCAN_BATCH_LEN_LIMIT: usize = 1 << 16;
+const GROUPS_PER_TOPIC_LIMIT: usize = 1 << 20;
+const GROUPS_PER_SHARD_LIMIT: usize = 1 << 24;
+const CONSUMERS_PER_GROUP_LIMIT: usize = 1 << 20;
 const MESSAGE_BYTES_LIMIT: u64 = 64 << 20;
 const BATCH_LEN_LIMIT: usize = 1_000_000;
+const BYTES_IN_FLIGHT_MIN: u64 = 64 << 10;
+const BYTES_IN_FLIGHT_LIMIT: u64 = 64 << 30;
+const CONNECTIONS_LIMIT: usize = 1_000_000;
+const IDLE_TIMEOUT_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
+const FRAME_TIMEOUT_MAX: Duration = Duration::from_secs(3600);
+const CALLS_IN_FLIGHT_LIMIT: usize = 1 << 20;
+const SUBSCRIPTIONS_PER_CONNECTION_LIMIT: usize = 1 << 20;
 const MEMTABLE_BYTES_MIN: u64 = 64 << 10;
 const MEMTABLE_BYTES_LIMIT: u64 = 64 << 30;
 const WAL_SEGMENT_BYTES_MIN: u64 = 64 << 10;
@@ -541,6 +551,24 @@ impl ConfigLoader {
                 d.scan_batch_len_max,
                 SCAN_BATCH_LEN_LIMIT,
             )?,
+            groups_per_topic_max: self.count(
+                "delivery.maxGroupsPerTopic",
+                raw.max_groups_per_topic,
+                d.groups_per_topic_max,
+                GROUPS_PER_TOPIC_LIMIT,
+            )?,
+            groups_per_shard_max: self.count(
+                "delivery.maxGroupsPerShard",
+                raw.max_groups_per_shard,
+                d.groups_per_shard_max,
+                GROUPS_PER_SHARD_LIMIT,
+            )?,
+            consumers_per_group_max: self.count(
+                "delivery.maxConsumersPerGroup",
+                raw.max_consumers_per_group,
+                d.consumers_per_group_max,
+                CONSUMERS_PER_GROUP_LIMIT,
+            )?,
         })
     }
 
@@ -561,9 +589,21 @@ impl ConfigLoader {
                 )
             })?,
         };
+        let bytes_in_flight_max = self.bytes(
+            "publish.maxBytesInFlight",
+            raw.max_bytes_in_flight,
+            d.bytes_in_flight_max as u64,
+            (BYTES_IN_FLIGHT_MIN, BYTES_IN_FLIGHT_LIMIT),
+        )?;
         Ok(PublishConfig {
             // Bounded by MESSAGE_BYTES_LIMIT above, so it fits.
             message_bytes_max: usize::try_from(message_bytes_max).unwrap_or(usize::MAX),
+            bytes_in_flight_max: usize::try_from(bytes_in_flight_max).map_err(|_| {
+                self.invalid(
+                    "publish.maxBytesInFlight",
+                    "does not fit in this host's memory",
+                )
+            })?,
             batch_len_max: self.count(
                 "publish.maxBatchMessages",
                 raw.max_batch_messages,
@@ -575,6 +615,13 @@ impl ConfigLoader {
     }
 
     fn server(&self, raw: RawServer) -> Result<ServerConfig, ConfigError> {
+        let raw_limits = RawClientLimits {
+            max_connections: raw.max_connections,
+            idle_timeout: raw.idle_timeout,
+            frame_timeout: raw.frame_timeout,
+            max_calls_in_flight: raw.max_calls_in_flight,
+            max_subscriptions_per_connection: raw.max_subscriptions_per_connection,
+        };
         let d = ServerConfig {
             cpus: CpuList::all_of(&self.online_cpus),
             ..ServerConfig::default()
@@ -626,6 +673,43 @@ impl ConfigLoader {
             metrics_listen,
             shard_port_base,
             numa,
+            client: self.client_limits(&raw_limits)?,
+        })
+    }
+
+    fn client_limits(&self, raw: &RawClientLimits) -> Result<ClientLimits, ConfigError> {
+        let d = ClientLimits::default();
+        Ok(ClientLimits {
+            connections_max: self.count(
+                "server.maxConnections",
+                raw.max_connections,
+                d.connections_max,
+                CONNECTIONS_LIMIT,
+            )?,
+            idle_timeout_ms: self.millis(
+                "server.idleTimeout",
+                raw.idle_timeout,
+                d.idle_timeout_ms,
+                IDLE_TIMEOUT_MAX,
+            )?,
+            frame_timeout_ms: self.millis(
+                "server.frameTimeout",
+                raw.frame_timeout,
+                d.frame_timeout_ms,
+                FRAME_TIMEOUT_MAX,
+            )?,
+            calls_in_flight_max: self.count(
+                "server.maxCallsInFlight",
+                raw.max_calls_in_flight,
+                d.calls_in_flight_max,
+                CALLS_IN_FLIGHT_LIMIT,
+            )?,
+            subscriptions_max: self.count(
+                "server.maxSubscriptionsPerConnection",
+                raw.max_subscriptions_per_connection,
+                d.subscriptions_max,
+                SUBSCRIPTIONS_PER_CONNECTION_LIMIT,
+            )?,
         })
     }
 
@@ -733,6 +817,22 @@ impl ConfigLoader {
                     ));
                 }
             }
+        }
+
+        let publish = &config.publish;
+        if publish.bytes_in_flight_max < publish.message_bytes_max {
+            let blamed = if set_by_operator("publish.maxBytesInFlight") {
+                "publish.maxBytesInFlight"
+            } else {
+                "publish.maxMessageBytes"
+            };
+            return Err(self.invalid(
+                blamed,
+                format!(
+                    "publish.maxBytesInFlight ({} bytes) must be at least publish.maxMessageBytes ({} bytes): a publish of one message must fit in a shard's budget",
+                    publish.bytes_in_flight_max, publish.message_bytes_max
+                ),
+            ));
         }
 
         let server = &config.server;

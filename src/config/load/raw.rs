@@ -33,6 +33,9 @@ pub(super) struct RawDelivery {
     pub(super) max_unacked_per_consumer: Option<u64>,
     pub(super) retry_queue_size: Option<u64>,
     pub(super) scan_batch_size: Option<u64>,
+    pub(super) max_groups_per_topic: Option<u64>,
+    pub(super) max_groups_per_shard: Option<u64>,
+    pub(super) max_consumers_per_group: Option<u64>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -41,6 +44,7 @@ pub(super) struct RawPublish {
     pub(super) max_message_bytes: Option<ByteSizeValue>,
     pub(super) max_batch_messages: Option<u64>,
     pub(super) min_ack_level: Option<String>,
+    pub(super) max_bytes_in_flight: Option<ByteSizeValue>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -52,6 +56,20 @@ pub(super) struct RawServer {
     pub(super) metrics_listen: Option<String>,
     pub(super) shard_port_base: Option<u64>,
     pub(super) numa: Option<String>,
+    pub(super) max_connections: Option<u64>,
+    pub(super) idle_timeout: Option<DurationValue>,
+    pub(super) frame_timeout: Option<DurationValue>,
+    pub(super) max_calls_in_flight: Option<u64>,
+    pub(super) max_subscriptions_per_connection: Option<u64>,
+}
+
+/// The `[server]` keys that bound one client's connection, taken out of [`RawServer`].
+pub(super) struct RawClientLimits {
+    pub(super) max_connections: Option<u64>,
+    pub(super) idle_timeout: Option<DurationValue>,
+    pub(super) frame_timeout: Option<DurationValue>,
+    pub(super) max_calls_in_flight: Option<u64>,
+    pub(super) max_subscriptions_per_connection: Option<u64>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

@@ -67,10 +67,14 @@ impl Config {
              maxUnackedPerConsumer = {}\n\
              retryQueueSize = {}\n\
              scanBatchSize = {}\n\
+             maxGroupsPerTopic = {}\n\
+             maxGroupsPerShard = {}\n\
+             maxConsumersPerGroup = {}\n\
              \n[publish]\n\
              maxMessageBytes = {}\n\
              maxBatchMessages = {}\n\
              minAckLevel = {}\n\
+             maxBytesInFlight = {}\n\
              \n[server]\n\
              dataDir = {}\n\
              cpus = {}\n\
@@ -78,6 +82,11 @@ impl Config {
              metricsListen = {}\n\
              {shard_port_base}\
              numa = {}\n\
+             maxConnections = {}\n\
+             idleTimeout = {}\n\
+             frameTimeout = {}\n\
+             maxCallsInFlight = {}\n\
+             maxSubscriptionsPerConnection = {}\n\
              \n[storage]\n\
              engine = {}\n\
              memtableBytes = {}\n\
@@ -96,14 +105,23 @@ impl Config {
             d.unacked_per_consumer_max,
             d.retry_len_max,
             d.scan_batch_len_max,
+            d.groups_per_topic_max,
+            d.groups_per_shard_max,
+            d.consumers_per_group_max,
             bytes(p.message_bytes_max as u64),
             p.batch_len_max,
             text(p.ack_level_min.as_str()),
+            bytes(p.bytes_in_flight_max as u64),
             text(&s.data_dir.to_string_lossy()),
             text(s.cpus.text()),
             text(&s.listen.to_string()),
             text(&s.metrics_listen.to_string()),
             text(s.numa.as_str()),
+            s.client.connections_max,
+            duration(s.client.idle_timeout_ms),
+            duration(s.client.frame_timeout_ms),
+            s.client.calls_in_flight_max,
+            s.client.subscriptions_max,
             text(st.engine.as_str()),
             bytes(st.memtable_bytes_max as u64),
             bytes(st.wal_segment_bytes_max),

@@ -84,7 +84,8 @@ fn section_keys_are_read_from_the_raw_structs() {
         assert!(section_keys(section).is_some(), "{section}");
     }
     let delivery = section_keys("delivery").unwrap();
-    assert_eq!(delivery.len(), 13);
+    assert_eq!(delivery.len(), 16);
+    assert!(delivery.contains(&"maxGroupsPerTopic"));
     assert!(delivery.contains(&"inFlightTimeout"));
     assert!(delivery.contains(&"ttlSweepInterval"));
     assert!(delivery.contains(&"maxUnackedPerConsumer"));
@@ -96,10 +97,29 @@ fn section_keys_are_read_from_the_raw_structs() {
             "listen",
             "metricsListen",
             "shardPortBase",
-            "numa"
+            "numa",
+            "maxConnections",
+            "idleTimeout",
+            "frameTimeout",
+            "maxCallsInFlight",
+            "maxSubscriptionsPerConnection"
         ]
     );
-    assert_eq!(all_keys().len(), 13 + 3 + 6 + 3 + 10);
+    assert_eq!(all_keys().len(), 16 + 4 + 11 + 3 + 10);
+}
+
+#[test]
+fn a_publish_budget_smaller_than_one_message_is_refused_naming_the_key() {
+    let err =
+        error_from_toml("[publish]\nmaxBytesInFlight = \"512KiB\"\nmaxMessageBytes = \"1MiB\"\n");
+    assert_names_key(&err, "publish.maxBytesInFlight");
+    assert!(
+        err.to_string()
+            .contains("must be at least publish.maxMessageBytes"),
+        "{err}"
+    );
+    let err = error_from_toml("[server]\nmaxConnections = 2000000\n");
+    assert_names_key(&err, "server.maxConnections");
 }
 
 #[test]
@@ -118,8 +138,17 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
         ("delivery", "maxUnackedPerConsumer", "0"),
         ("delivery", "retryQueueSize", "0"),
         ("delivery", "scanBatchSize", "0"),
+        ("delivery", "maxGroupsPerTopic", "0"),
+        ("delivery", "maxGroupsPerShard", "0"),
+        ("delivery", "maxConsumersPerGroup", "0"),
         ("publish", "maxMessageBytes", "0"),
         ("publish", "maxBatchMessages", "0"),
+        ("publish", "maxBytesInFlight", "0"),
+        ("server", "maxConnections", "0"),
+        ("server", "idleTimeout", "\"0s\""),
+        ("server", "frameTimeout", "\"0ms\""),
+        ("server", "maxCallsInFlight", "0"),
+        ("server", "maxSubscriptionsPerConnection", "0"),
         ("storage", "memtableBytes", "\"0MiB\""),
         ("storage", "walSegmentBytes", "0"),
         ("cluster", "tickInterval", "\"0ms\""),
@@ -270,6 +299,18 @@ fn out_of_range_values_are_rejected_naming_the_key() {
         (
             "[delivery]\nscanBatchSize = 1000000\n",
             "delivery.scanBatchSize",
+        ),
+        (
+            "[delivery]\nmaxGroupsPerTopic = 2000000\n",
+            "delivery.maxGroupsPerTopic",
+        ),
+        (
+            "[delivery]\nmaxGroupsPerShard = 20000000\n",
+            "delivery.maxGroupsPerShard",
+        ),
+        (
+            "[delivery]\nmaxConsumersPerGroup = 2000000\n",
+            "delivery.maxConsumersPerGroup",
         ),
         (
             "[delivery]\ndeleteBatchesInFlight = 65\n",
@@ -426,15 +467,24 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_DELIVERY_MAX_UNACKED_PER_CONSUMER", "100"),
         ("PINQ_DELIVERY_RETRY_QUEUE_SIZE", "1000"),
         ("PINQ_DELIVERY_SCAN_BATCH_SIZE", "32"),
+        ("PINQ_DELIVERY_MAX_GROUPS_PER_TOPIC", "3"),
+        ("PINQ_DELIVERY_MAX_GROUPS_PER_SHARD", "7"),
+        ("PINQ_DELIVERY_MAX_CONSUMERS_PER_GROUP", "5"),
         ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "64KiB"),
         ("PINQ_PUBLISH_MAX_BATCH_MESSAGES", "500"),
         ("PINQ_PUBLISH_MIN_ACK_LEVEL", "durable"),
+        ("PINQ_PUBLISH_MAX_BYTES_IN_FLIGHT", "8MiB"),
         ("PINQ_SERVER_DATA_DIR", "/var/lib/pinq"),
         ("PINQ_SERVER_CPUS", "1"),
         ("PINQ_SERVER_LISTEN", "0.0.0.0:7500"),
         ("PINQ_SERVER_METRICS_LISTEN", "127.0.0.1:9500"),
         ("PINQ_SERVER_SHARD_PORT_BASE", "8000"),
         ("PINQ_SERVER_NUMA", "auto"),
+        ("PINQ_SERVER_MAX_CONNECTIONS", "100"),
+        ("PINQ_SERVER_IDLE_TIMEOUT", "30s"),
+        ("PINQ_SERVER_FRAME_TIMEOUT", "2s"),
+        ("PINQ_SERVER_MAX_CALLS_IN_FLIGHT", "64"),
+        ("PINQ_SERVER_MAX_SUBSCRIPTIONS_PER_CONNECTION", "8"),
         ("PINQ_STORAGE_ENGINE", "memory"),
         ("PINQ_STORAGE_MEMTABLE_BYTES", "1048576"),
         ("PINQ_STORAGE_WAL_SEGMENT_BYTES", "8MiB"),
@@ -475,11 +525,15 @@ fn every_key_can_be_set_from_its_environment_variable() {
             unacked_per_consumer_max: 100,
             retry_len_max: 1000,
             scan_batch_len_max: 32,
+            groups_per_topic_max: 3,
+            groups_per_shard_max: 7,
+            consumers_per_group_max: 5,
         },
         publish: PublishConfig {
             message_bytes_max: 64 << 10,
             batch_len_max: 500,
             ack_level_min: AckLevel::Durable,
+            bytes_in_flight_max: 8 << 20,
         },
         server: ServerConfig {
             data_dir: PathBuf::from("/var/lib/pinq"),
@@ -488,6 +542,13 @@ fn every_key_can_be_set_from_its_environment_variable() {
             metrics_listen: "127.0.0.1:9500".parse().unwrap(),
             shard_port_base: Some(8000),
             numa: NumaMode::Auto,
+            client: ClientLimits {
+                connections_max: 100,
+                idle_timeout_ms: 30_000,
+                frame_timeout_ms: 2_000,
+                calls_in_flight_max: 64,
+                subscriptions_max: 8,
+            },
         },
         storage: StorageConfig {
             engine: StorageEngine::Memory,

@@ -9,7 +9,7 @@ use super::ShardCore;
 use crate::key::{self, EventKey, KeyError, TopicHash};
 use crate::message::CheckedValue;
 use crate::pipeline::dispatcher::TopicDispatch;
-use crate::pipeline::hub::{ConsumerId, Queued, RecipientId};
+use crate::pipeline::hub::{ConsumerId, Limit, Queued, RecipientId};
 use crate::pipeline::inflight::CopyState;
 
 /// The answer for one tag of an ACK, NACK or touch.
@@ -47,10 +47,14 @@ pub enum ConsumerError {
     UnknownGroup { topic: String, group: String },
     #[error("group {group:?} of topic {topic:?} still has consumers")]
     GroupHasConsumers { topic: String, group: String },
+    /// The subscription would pass a bound of `[delivery]`; nothing was registered.
+    #[error("{0}")]
+    Limit(#[from] Limit),
 }
 
 impl ShardCore {
     /// Registers a consumer of `topic` in `group` (empty = universal) and wakes the dispatcher.
+    /// Refused with [`ConsumerError::Limit`] past a bound on groups or consumers.
     pub fn subscribe(
         &mut self,
         now_ms: u64,
@@ -60,7 +64,7 @@ impl ShardCore {
     ) -> Result<ConsumerId, ConsumerError> {
         key::validate_topic(topic)?;
         self.tick(now_ms);
-        let registered = self.hub.register(topic, group, uuid);
+        let registered = self.hub.register(topic, group, uuid)?;
         if !self.topics.contains_key(topic) {
             self.topics
                 .insert(Arc::from(topic), TopicDispatch::new(TopicHash::of(topic)));
@@ -164,7 +168,7 @@ impl ShardCore {
             let Some(copy) = entry.copies.iter().find(|cp| cp.recipient == recipient) else {
                 continue;
             };
-            let current = matches!(copy.state, CopyState::Held { consumer: h, .. } if h == consumer)
+            let current = matches!(copy.state(), CopyState::Held { consumer: h, .. } if h == consumer)
                 && copy.attempt == attempt
                 && !entry.deleting;
             if !current {
@@ -209,11 +213,8 @@ impl ShardCore {
         self.tick(now_ms);
         self.settle(consumer, tags, |core, key, recipient| {
             core.counters.acked_total += 1;
-            if let Some(entry) = core.inflight.entries.get_mut(&key) {
-                if let Some(copy) = entry.copy_mut(recipient) {
-                    copy.state = CopyState::Acked;
-                }
-            }
+            core.inflight
+                .set_state(key, recipient, CopyState::Acked, false);
             core.complete_if_done(key);
         })
     }
@@ -235,7 +236,7 @@ impl ShardCore {
             } else {
                 let until_ms = now_ms.saturating_add(delay_ms);
                 let delayed = CopyState::Delayed { until_ms };
-                core.inflight.arm(key, recipient, delayed, until_ms, false);
+                core.inflight.set_state(key, recipient, delayed, false);
             }
         })
     }
@@ -257,7 +258,7 @@ impl ShardCore {
                         consumer,
                         deadline_ms,
                     };
-                    self.inflight.arm(key, recipient, held, deadline_ms, false);
+                    self.inflight.set_state(key, recipient, held, false);
                     TagResult::Ok
                 }
                 Err(refused) => refused,
@@ -281,14 +282,6 @@ impl ShardCore {
                 Ok((key, recipient)) => {
                     if let Some(c) = self.hub.consumers.get_mut(&consumer) {
                         c.held.remove(&key);
-                    }
-                    if let Some(copy) = self
-                        .inflight
-                        .entries
-                        .get_mut(&key)
-                        .and_then(|e| e.copy_mut(recipient))
-                    {
-                        copy.generation = 0;
                     }
                     settled(self, key, recipient);
                     TagResult::Ok
@@ -326,7 +319,7 @@ impl ShardCore {
         let Some(copy) = entry.copies.iter().find(|c| c.recipient == recipient) else {
             return Ok(Err(TagResult::NotHolder));
         };
-        Ok(match copy.state {
+        Ok(match copy.state() {
             CopyState::Held {
                 consumer: holder, ..
             } if holder == consumer => Ok((key, recipient)),

@@ -60,7 +60,7 @@ impl ShardCore {
                     self.deleting_entries -= 1;
                 }
                 for copy in &entry.copies {
-                    if let CopyState::Held { consumer, .. } = copy.state {
+                    if let CopyState::Held { consumer, .. } = copy.state() {
                         if let Some(c) = self.hub.consumers.get_mut(&consumer) {
                             c.held.remove(key);
                         }

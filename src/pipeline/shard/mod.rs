@@ -39,7 +39,7 @@ use ahash::{AHashMap, AHashSet};
 
 use super::deleter::{Deleter, DeleterLimits};
 use super::dispatcher::{TopicDispatch, Unapplied};
-use super::hub::{ConsumerId, Hub};
+use super::hub::{ConsumerId, Hub, HubLimits};
 use super::inflight::InFlight;
 use super::janitor::Janitor;
 use crate::config::DeliveryConfig;
@@ -118,10 +118,13 @@ pub struct ShardCore {
 impl ShardCore {
     pub fn new(delivery: DeliveryConfig, now_ms: u64) -> ShardCore {
         ShardCore {
-            hub: Hub::new(
-                delivery.consumer_queue_len_max,
-                delivery.unacked_per_consumer_max,
-            ),
+            hub: Hub::with_limits(HubLimits {
+                queue_len_max: delivery.consumer_queue_len_max,
+                unacked_max: delivery.unacked_per_consumer_max,
+                groups_per_topic_max: delivery.groups_per_topic_max,
+                groups_per_shard_max: delivery.groups_per_shard_max,
+                consumers_per_group_max: delivery.consumers_per_group_max,
+            }),
             deleter: Deleter::new(
                 DeleterLimits {
                     interval_ms: delivery.delete_batch_interval_ms,
@@ -201,9 +204,34 @@ impl ShardCore {
         self.hub.consumers.len()
     }
 
-    /// Number of timers in the heap, live or stale (for benchmarks and memory accounting).
+    /// Number of lease and NACK-delay timers: one per held or delayed copy (benchmarks, memory
+    /// accounting, tests).
     pub fn timers_len(&self) -> usize {
         self.inflight.timers_len()
+    }
+
+    /// Groups on this shard, with consumers or not (tests, figures).
+    pub fn groups_len(&self) -> usize {
+        self.hub.groups_len()
+    }
+
+    /// Groups looked at by retirement so far: the work [`Self::plan_pass`] spends on retiring
+    /// groups (tests).
+    pub fn retire_checks_total(&self) -> u64 {
+        self.hub.retire_checks_total
+    }
+
+    /// Recipients the next pass serves the retry list of (tests).
+    #[cfg(test)]
+    pub(crate) fn servable_len(&self) -> usize {
+        self.hub.servable().count()
+    }
+
+    /// Checks the core's internal bookkeeping against a walk of its tables (tests).
+    #[cfg(test)]
+    pub(crate) fn assert_consistent(&self) {
+        self.inflight.assert_timers_match_copies();
+        self.hub.assert_servable_exact();
     }
 
     /// Whether an in-flight entry for `key` still holds its value (`None`: no entry).

@@ -1,14 +1,12 @@
 //! Dispatch passes: `plan_pass` (timers, retry lists, retired groups, the scans to run),
 //! `on_scan` (rows in, copies out) and when to wake next.
 
-use smallvec::SmallVec;
-
 use super::ShardCore;
 use crate::key::{due_bucket_bound, topic_end, EventKey, Key};
 use crate::message::CheckedValue;
 use crate::message::Value;
 use crate::pipeline::dispatcher::ScanRequest;
-use crate::pipeline::hub::{RecipientId, RecipientKind};
+use crate::pipeline::hub::RecipientId;
 use crate::pipeline::inflight::{Copy, CopyState, Entry};
 use crate::pipeline::memory::give_back;
 
@@ -31,13 +29,7 @@ impl ShardCore {
         self.paused = false;
 
         while let Some(timer) = self.inflight.pop_due_timer(now_ms) {
-            let state = self
-                .inflight
-                .entries
-                .get(&timer.key)
-                .and_then(|e| e.copies.iter().find(|c| c.recipient == timer.recipient))
-                .map(|c| c.state);
-            match state {
+            match self.inflight.state(&timer.key, timer.recipient) {
                 Some(CopyState::Held { consumer, .. }) => {
                     if let Some(c) = self.hub.consumers.get_mut(&consumer) {
                         c.held.remove(&timer.key);
@@ -52,15 +44,10 @@ impl ShardCore {
 
         self.forget_retired_groups(now_ms);
 
-        let recipients: Vec<RecipientId> = self
-            .hub
-            .recipients
-            .iter()
-            .filter(|(_, r)| !r.pending.is_empty() && r.has_members())
-            .map(|(id, _)| *id)
-            .collect();
+        let recipients: Vec<RecipientId> = self.hub.servable().collect();
         for recipient in recipients {
             self.serve_pending(recipient, now_ms);
+            self.hub.note_pending(recipient);
         }
 
         let bound_bucket = due_bucket_bound(now_ms, self.delivery.time_bucket_ms);
@@ -127,19 +114,10 @@ impl ShardCore {
         requests
     }
 
+    /// Forgets the groups without consumers for `groupRetention`: O(groups due).
     pub(super) fn forget_retired_groups(&mut self, now_ms: u64) {
         let retention_ms = self.delivery.group_retention_ms;
-        let retired: SmallVec<[RecipientId; 4]> = self
-            .hub
-            .recipients
-            .iter()
-            .filter(|(_, r)| {
-                matches!(r.kind, RecipientKind::Group { empty_since_ms: Some(since), .. }
-                    if now_ms >= since.saturating_add(retention_ms))
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for recipient in retired {
+        for recipient in self.hub.take_retired(now_ms, retention_ms) {
             self.forget_group_id(recipient);
         }
     }
@@ -160,7 +138,7 @@ impl ShardCore {
                         .copies
                         .iter()
                         .find(|c| c.recipient == recipient)
-                        .map(|c| c.state)
+                        .map(|c| c.state())
                     {
                         Some(CopyState::Pending) if entry.is_expired(now_ms) => {
                             PendingStatus::Expired
@@ -230,15 +208,7 @@ impl ShardCore {
                 self.deleter.mark(key);
                 continue;
             }
-            let copies = recipients
-                .iter()
-                .map(|r| Copy {
-                    recipient: *r,
-                    state: CopyState::Pending,
-                    attempt: 0,
-                    generation: 0,
-                })
-                .collect();
+            let copies = recipients.iter().map(|r| Copy::pending(*r)).collect();
             self.inflight.entries.insert(
                 key,
                 Entry {
@@ -252,6 +222,7 @@ impl ShardCore {
                 if !self.offer(key, *recipient, now_ms) {
                     if let Some(r) = self.hub.recipients.get_mut(recipient) {
                         r.pending.push_back(key);
+                        self.hub.note_pending(*recipient);
                     }
                 }
             }

@@ -1,6 +1,8 @@
 //! Copy transitions: a copy back to its retry list, forgotten, expired, or offered to a consumer;
 //! an entry whose copies are all done goes to the deleter. Every state change of a copy is here.
 
+use smallvec::SmallVec;
+
 use super::ShardCore;
 use crate::key::EventKey;
 use crate::pipeline::hub::{Queued, RecipientId};
@@ -13,35 +15,27 @@ impl ShardCore {
             self.forget_copy(key, recipient);
             return;
         };
-        let generation = self.inflight.next_generation();
-        let Some(copy) = self
-            .inflight
-            .entries
-            .get_mut(&key)
-            .and_then(|e| e.copy_mut(recipient))
-        else {
-            return;
-        };
-        if copy.is_done() || copy.state == CopyState::Pending {
-            return;
+        match self.inflight.state(&key, recipient) {
+            Some(CopyState::Held { .. } | CopyState::Delayed { .. }) => {}
+            None | Some(CopyState::Pending | CopyState::Acked | CopyState::Forgotten) => return,
         }
-        copy.state = CopyState::Pending;
-        copy.generation = generation;
+        self.inflight
+            .set_state(key, recipient, CopyState::Pending, false);
         r.pending.push_back(key);
+        self.hub.note_pending(recipient);
         self.wake = true;
     }
 
     pub(super) fn forget_copy(&mut self, key: EventKey, recipient: RecipientId) {
-        if let Some(copy) = self
+        let done = self
             .inflight
             .entries
-            .get_mut(&key)
-            .and_then(|e| e.copy_mut(recipient))
-        {
-            if !copy.is_done() {
-                copy.state = CopyState::Forgotten;
-                copy.generation = 0;
-            }
+            .get(&key)
+            .and_then(|e| e.copy(recipient))
+            .is_none_or(|c| c.is_done());
+        if !done {
+            self.inflight
+                .set_state(key, recipient, CopyState::Forgotten, false);
         }
         self.complete_if_done(key);
     }
@@ -67,17 +61,28 @@ impl ShardCore {
 
     /// An expired message: every copy is dropped and the key goes to the deleter.
     pub(super) fn expire(&mut self, key: EventKey) {
-        if let Some(entry) = self.inflight.entries.get_mut(&key) {
-            for copy in entry.copies.iter_mut() {
-                if let CopyState::Held { consumer, .. } = copy.state {
-                    if let Some(c) = self.hub.consumers.get_mut(&consumer) {
-                        c.held.remove(&key);
-                    }
-                }
-                if !copy.is_done() {
-                    copy.state = CopyState::Forgotten;
+        let open: SmallVec<[(RecipientId, CopyState); 4]> = self
+            .inflight
+            .entries
+            .get(&key)
+            .map(|e| {
+                e.copies
+                    .iter()
+                    .filter(|c| !c.is_done())
+                    .map(|c| (c.recipient, c.state()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (recipient, state) in open {
+            if let CopyState::Held { consumer, .. } = state {
+                if let Some(c) = self.hub.consumers.get_mut(&consumer) {
+                    c.held.remove(&key);
                 }
             }
+            self.inflight
+                .set_state(key, recipient, CopyState::Forgotten, false);
+        }
+        if let Some(entry) = self.inflight.entries.get_mut(&key) {
             Self::mark_deleting(entry, &mut self.deleting_entries);
         }
         self.deleter.mark(key);
@@ -93,7 +98,7 @@ impl ShardCore {
             consumer,
             deadline_ms,
         };
-        let Some(attempt) = self.inflight.arm(key, recipient, held, deadline_ms, true) else {
+        let Some(attempt) = self.inflight.set_state(key, recipient, held, true) else {
             return false;
         };
         if let Some(c) = self.hub.consumers.get_mut(&consumer) {
