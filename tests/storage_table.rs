@@ -96,16 +96,40 @@ fn damaged_tables_are_refused_with_an_error_naming_the_file() {
         write_table(&path, 500).await;
         let pristine = std::fs::read(&path).expect("read");
 
-        // A flipped byte in a data block: open succeeds (metadata is fine), reads refuse.
+        // A flipped byte in a data block: open succeeds (metadata is fine), the block is
+        // skipped by gets and cursors (never served), counted once, and verify names it.
         let mut bad = pristine.clone();
         bad[100] ^= 0x01;
         std::fs::write(&path, &bad).expect("write");
-        let table = Table::open(&path, 2).await.expect("metadata intact");
-        match table.get(&event_key(3)).await {
+        let table = Rc::new(Table::open(&path, 2).await.expect("metadata intact"));
+        assert_eq!(table.get(&event_key(3)).await.expect("get"), None);
+        assert_eq!(table.get(&event_key(3)).await.expect("get again"), None);
+        let damage = table.unreadable();
+        assert_eq!(damage.blocks, 1);
+        assert!(damage.values >= 1, "{damage:?}");
+        let mut cursor = TableCursor::new(Rc::clone(&table), &[], None);
+        let mut seen = Vec::new();
+        while let Some((key, _)) = cursor.next().await.expect("next") {
+            seen.push(EventKey::parse(&key).expect("event key").event_id());
+        }
+        assert!(!seen.contains(&3), "no key of the damaged block is served");
+        assert_eq!(seen.last(), Some(&499), "the keys after it are");
+        assert_eq!(
+            seen.len() as u64 + damage.values,
+            500,
+            "every key is either served or counted as unreadable"
+        );
+        assert_eq!(
+            table.unreadable(),
+            damage,
+            "counted once however often it is read"
+        );
+        match table.verify().await {
             Err(StoreError::Corrupt { file, .. }) => assert!(file.ends_with(&table_name(2))),
             other => panic!("expected corruption, got {other:?}"),
         }
-        assert!(table.verify().await.is_err());
+        drop(cursor);
+        let table = Rc::try_unwrap(table).expect("last reference");
         table.close().await.expect("close");
 
         // A flipped byte in the footer: open refuses.

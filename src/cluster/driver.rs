@@ -736,6 +736,11 @@ impl ReplicatedStore {
     pub fn stats(&self) -> LsmStats {
         crate::storage::lsm::stats_of(&self.engine, &self.wal)
     }
+
+    /// The engine's health (its Raft log fails for good on a full disk, as before).
+    pub fn health(&self) -> crate::storage::StoreHealth {
+        self.engine.health()
+    }
 }
 
 fn raft_error(dir: &Path, e: raft::Error) -> StoreError {

@@ -32,6 +32,14 @@
 //! Called by the engine (append, roll, release) and by recovery (decode, replay). The codec never
 //! does I/O; the writer never decodes. After an I/O error the WAL is failed for good: every later
 //! append and wait returns the error, because the memtable may already hold what the disk lost.
+//!
+//! The one exception, once [`Wal::retry_when_full`] is set (the standalone store): a write that
+//! fails for lack of space (ENOSPC). The writer keeps the records it could not write, rewinds
+//! to the write position it had (writes are aligned and padded, so the retry rewrites the same
+//! offset and nothing after it was ever acknowledged), answers the durable waiters of those
+//! records with `StoreError::DiskFull` (they may still be stored by the retry: at-least-once),
+//! refuses new appends with the same error, and retries with backoff until a write succeeds:
+//! then [`Wal::disk_full`] is `None` again and appends resume.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -41,6 +49,7 @@ use std::rc::Rc;
 use glommio::io::DmaFile;
 
 use super::command::Command;
+use crate::ops::ratelimit::{monotonic_ms, LogLimit, LOG_INTERVAL_MS};
 use crate::storage::io::{self as dio, WRITE_ALIGN};
 use crate::storage::signal::Signal;
 use crate::storage::StoreError;
@@ -344,6 +353,8 @@ struct OpenSegment {
     /// Bytes at the start of the file already written with zeros (or records): writes below
     /// this are overwrites, whose fdatasync needs no journal commit.
     zeroed_end: u64,
+    /// The directory was synced since the file was created (its name survives a crash).
+    named: bool,
 }
 
 /// A live segment (its records are not all in tables yet).
@@ -379,6 +390,8 @@ struct WalState {
     shutdown: bool,
     writer_running: bool,
     counters: WalCounters,
+    /// The segment a write could not extend for lack of space, while that lasts.
+    disk_full: Option<String>,
 }
 
 /// The log of one shard. Single-threaded: lives on the shard's executor behind an `Rc`.
@@ -394,6 +407,10 @@ pub struct Wal {
     writer_idle: Cell<bool>,
     /// Room for appended bytes not yet written (units: bytes, at most [`BUFFER_BYTES_MAX`]).
     buffer: glommio::sync::Semaphore,
+    /// `Some((first_ms, max_ms))`: a write that fails for lack of space is retried with this
+    /// backoff instead of failing the log (see the module docs).
+    full_retry: Cell<Option<(u64, u64)>>,
+    full_log: LogLimit,
 }
 
 impl Wal {
@@ -426,12 +443,26 @@ impl Wal {
                 shutdown: false,
                 writer_running: false,
                 counters: WalCounters::default(),
+                disk_full: None,
             }),
             appended: Signal::default(),
             synced: Signal::default(),
             writer_idle: Cell::new(true),
             buffer: glommio::sync::Semaphore::new(BUFFER_BYTES_MAX),
+            full_retry: Cell::new(None),
+            full_log: LogLimit::new(LOG_INTERVAL_MS),
         }
+    }
+
+    /// Retries writes that fail for lack of space, waiting `first_ms` doubling to `max_ms`
+    /// between tries, instead of failing the log (see the module docs).
+    pub fn retry_when_full(&self, first_ms: u64, max_ms: u64) {
+        self.full_retry.set(Some((first_ms, max_ms)));
+    }
+
+    /// The segment a write could not extend for lack of space, while appends are refused.
+    pub fn disk_full(&self) -> Option<String> {
+        self.state.borrow().disk_full.clone()
     }
 
     /// Starts the writer task on the current task queue (the foreground: commits are latency).
@@ -450,13 +481,17 @@ impl Wal {
         self.state.borrow().failed.as_ref().map(Failure::error)
     }
 
-    /// Fails if the log has failed or is shut down.
+    /// Fails if the log has failed or is shut down, or while the disk is full.
     pub fn check(&self) -> Result<(), StoreError> {
         if let Some(e) = self.failure() {
             return Err(e);
         }
-        if self.state.borrow().shutdown {
+        let st = self.state.borrow();
+        if st.shutdown {
             return Err(StoreError::Closed);
+        }
+        if let Some(path) = &st.disk_full {
+            return Err(StoreError::DiskFull { path: path.clone() });
         }
         Ok(())
     }
@@ -570,6 +605,9 @@ impl Wal {
                 if st.synced_seq >= seq {
                     return Ok(());
                 }
+                if let Some(path) = &st.disk_full {
+                    return Err(StoreError::DiskFull { path: path.clone() });
+                }
                 if !st.writer_running {
                     return Err(StoreError::Closed);
                 }
@@ -648,13 +686,24 @@ impl Wal {
 
     async fn run_writer(self: Rc<Self>) {
         let mut current: Option<OpenSegment> = None;
+        // Chunks taken for writing, in order: a write that fails for lack of space leaves the
+        // unwritten ones here for the retry.
+        let mut batch: VecDeque<Chunk> = VecDeque::new();
+        // The highest record taken and the buffer room its chunks hold, until an fdatasync
+        // covers them.
+        let mut unsynced: Option<(u64, u64)> = None;
+        let mut attempt = 0u32;
         loop {
-            let (chunks, stop): (Vec<Chunk>, bool) = {
+            let stop = {
                 let mut st = self.state.borrow_mut();
-                let stop = st.shutdown || st.failed.is_some();
-                (st.pending.drain(..).collect(), stop)
+                for chunk in st.pending.drain(..) {
+                    let (last, reserved) = unsynced.unwrap_or((0, 0));
+                    unsynced = Some((last.max(chunk.last_seq), reserved + chunk.reserved));
+                    batch.push_back(chunk);
+                }
+                st.shutdown || st.failed.is_some()
             };
-            if chunks.is_empty() {
+            let Some((last_seq, reserved)) = unsynced else {
                 if stop {
                     break;
                 }
@@ -662,17 +711,28 @@ impl Wal {
                 self.writer_idle.set(true);
                 wait.await;
                 continue;
-            }
+            };
             self.writer_idle.set(false);
-            let last_seq = chunks.last().map_or(0, |c| c.last_seq);
-            let reserved: u64 = chunks.iter().map(|c| c.reserved).sum();
-            match self.write_chunks(chunks, &mut current).await {
+            match self.write_chunks(&mut batch, &mut current).await {
                 Ok(()) => {
+                    unsynced = None;
+                    attempt = 0;
                     let mut st = self.state.borrow_mut();
                     st.synced_seq = st.synced_seq.max(last_seq);
                     st.counters.fsyncs += 1;
+                    let healed = st.disk_full.take();
                     drop(st);
+                    if let Some(path) = healed {
+                        tracing::info!(file = %path, "space is back: WAL writes resumed");
+                    }
                     self.buffer.signal(reserved);
+                }
+                Err(e) if e.is_no_space() && !stop && self.full_retry.get().is_some() => {
+                    let delay = self.note_disk_full(&e, attempt);
+                    attempt = attempt.saturating_add(1);
+                    self.synced.notify();
+                    self.sleep_unless_shutdown(delay).await;
+                    continue;
                 }
                 Err(e) => {
                     let failure = Failure::of(&e, &self.dir);
@@ -694,21 +754,58 @@ impl Wal {
         self.synced.notify();
     }
 
+    /// A write failed for lack of space: appends are refused from now on (health names the
+    /// file), a warning goes out at most once per interval, and the retry waits the backoff.
+    fn note_disk_full(&self, error: &StoreError, attempt: u32) -> std::time::Duration {
+        let path = match error {
+            StoreError::Io { path, .. } | StoreError::DiskFull { path } => path.clone(),
+            _ => self.dir.display().to_string(),
+        };
+        self.state.borrow_mut().disk_full = Some(path);
+        let (first_ms, max_ms) = self.full_retry.get().unwrap_or((100, 5_000));
+        let delay_ms = crate::storage::options::retry_delay_ms(first_ms, max_ms, attempt);
+        if let Some(suppressed) = self.full_log.admit(monotonic_ms()) {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                suppressed,
+                "WAL write failed for lack of space, retrying in {delay_ms} ms; publishes and deletes are refused meanwhile: {error}"
+            );
+        }
+        std::time::Duration::from_millis(delay_ms)
+    }
+
+    /// Sleeps `delay`, or less if a shutdown is requested meanwhile.
+    async fn sleep_unless_shutdown(&self, delay: std::time::Duration) {
+        let stop = async {
+            while !self.state.borrow().shutdown {
+                self.appended.wait().await;
+            }
+        };
+        futures_lite::future::or(glommio::timer::sleep(delay), stop).await;
+    }
+
     /// Writes chunks in order, fsyncing a segment before moving to the next, then fsyncs the
     /// last one: one fdatasync per call in the common case.
+    ///
+    /// Takes each chunk off the front of `chunks` once it is written: after an error, what is
+    /// left is exactly what must be written again, and every segment position and size was
+    /// advanced only past writes that succeeded.
     async fn write_chunks(
         &self,
-        chunks: Vec<Chunk>,
+        chunks: &mut VecDeque<Chunk>,
         current: &mut Option<OpenSegment>,
     ) -> Result<(), StoreError> {
-        for chunk in chunks {
+        while let Some(chunk) = chunks.front() {
             let switch = current
                 .as_ref()
                 .is_none_or(|seg| seg.first_seq != chunk.segment_first_seq);
             if switch {
-                if let Some(seg) = current.take() {
+                if let Some(seg) = current.as_ref() {
+                    // Synced before it is let go: a retry after a failure here syncs it again.
                     dio::fdatasync(&seg.file, &seg.path).await?;
                     self.state.borrow_mut().counters.fsyncs += 1;
+                }
+                if let Some(seg) = current.take() {
                     dio::close(seg.file, &seg.path).await?;
                 }
                 let path = self.dir.join(segment_name(chunk.segment_first_seq));
@@ -719,12 +816,12 @@ impl Wal {
                     path,
                     pos: 0,
                     zeroed_end: 0,
+                    named: false,
                 });
             }
             if let Some(seg) = current.as_mut() {
                 let padded = dio::align_up(chunk.bytes.len().max(1)) as u64;
                 if seg.pos + padded > seg.zeroed_end {
-                    let fresh = seg.zeroed_end == 0;
                     // Each step doubles the zeroed size, up to `preallocate_bytes`: a segment
                     // that a flush rolls early wastes at most as many zeros as it holds records
                     // (plus one first step), instead of a whole step per segment.
@@ -745,11 +842,12 @@ impl Wal {
                     seg.zeroed_end = target;
                     dio::fdatasync(&seg.file, &seg.path).await?;
                     self.state.borrow_mut().counters.fsyncs += 1;
-                    if fresh {
-                        // The new name must survive a crash before any record in it is
-                        // acknowledged.
-                        dio::sync_dir(&self.dir).await?;
-                    }
+                }
+                if !seg.named {
+                    // The new name must survive a crash before any record in it is
+                    // acknowledged (a retry after a failure above syncs it then).
+                    dio::sync_dir(&self.dir).await?;
+                    seg.named = true;
                 }
                 let written =
                     dio::write_padded(&seg.file, &seg.path, seg.pos, &chunk.bytes).await?;
@@ -767,6 +865,7 @@ impl Wal {
                     meta.bytes += padding;
                 }
             }
+            chunks.pop_front();
         }
         if let Some(seg) = current.as_ref() {
             dio::fdatasync(&seg.file, &seg.path).await?;

@@ -2,7 +2,9 @@
 //! change. Exit status: 0 nothing to change, 1 warnings only, 2 pinq cannot run as configured.
 //!
 //! Reads the host through `host.rs` and judges through `checks.rs`; it starts no shard and
-//! writes nothing but one probe file in the data directory, removed at once.
+//! writes nothing but one probe file in the data directory, removed at once. It also reads
+//! every table of the data directory and names those with unreadable blocks (run it on a
+//! stopped broker's directory, or accept that a table compaction just replaced may be gone).
 
 use std::path::Path;
 
@@ -89,6 +91,7 @@ pub fn inspect(cpus_text: &str, data_dir: &Path) -> Vec<Finding> {
             advice: Some("create it, or pass --data-dir".into()),
         },
     });
+    findings.extend(checks::table_blocks(&host::table_reports(data_dir)));
     findings
 }
 

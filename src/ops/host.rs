@@ -220,3 +220,44 @@ fn o_direct_probe(path: &Path) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Every table file under `data_dir` (its `shard-*` directories, or `data_dir` itself when it
+/// is one shard's directory), read whole and checked block by block. Names are relative to
+/// `data_dir`; sorted.
+pub fn table_reports(data_dir: &Path) -> Vec<super::checks::TableReport> {
+    use crate::storage::table::{parse_table_name, reader::check_table_bytes};
+    let mut dirs = vec![data_dir.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(data_dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with("shard-") && entry.path().is_dir() {
+                dirs.push(entry.path());
+            }
+        }
+    }
+    let mut reports = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let file = entry.file_name();
+            if parse_table_name(&file.to_string_lossy()).is_none() {
+                continue;
+            }
+            let path = entry.path();
+            let name = path
+                .strip_prefix(data_dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let check = match std::fs::read(&path) {
+                Ok(bytes) => check_table_bytes(&bytes).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            reports.push(super::checks::TableReport { name, check });
+        }
+    }
+    reports.sort_by(|a, b| a.name.cmp(&b.name));
+    reports
+}

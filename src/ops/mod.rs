@@ -5,7 +5,9 @@
 //! - [`checks`]: facts → findings with what to change, the exit status, the report (pure);
 //! - [`numa`]: choosing the CPUs of one node (pure) and reading the nodes;
 //! - [`host`]: the only place that reads the host (files, `io_uring_setup`, an O_DIRECT probe);
-//! - [`doctor`]: `pinq doctor` itself, gluing the above.
+//! - [`doctor`]: `pinq doctor` itself, gluing the above (and the data directory's table check);
+//! - [`ratelimit`]: at most one line per interval for a log site that can repeat (used by the
+//!   shard's loops and the storage engine).
 //!
 //! Nothing here runs on a shard: doctor is its own subcommand, and NUMA placement runs once before
 //! the shards start.
@@ -15,3 +17,4 @@ pub mod doctor;
 pub mod host;
 pub mod numa;
 pub mod parse;
+pub mod ratelimit;

@@ -38,6 +38,7 @@ use crate::cluster::driver::ReplicatedStore;
 use crate::cluster::view::ClusterView;
 use crate::config::DeliveryConfig;
 use crate::metrics::{MetricsSlots, Problem, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
+use crate::ops::ratelimit::{RateLimit, LOG_INTERVAL_MS};
 use crate::pipeline::{drive, ConsumerError, ConsumerId, Delivery, ShardCore};
 use crate::rpc::refusal::{Code, RefusalCounts};
 use crate::storage::{ShardStore, StoreError};
@@ -144,6 +145,8 @@ pub struct Shard {
     pub transport: RefCell<Option<Rc<crate::cluster::transport::Transport>>>,
     /// Client requests refused by this shard, by code.
     refusals: Cell<RefusalCounts>,
+    /// Rate limits of the loops' repeated store-error lines, by site.
+    error_logs: RefCell<AHashMap<&'static str, RateLimit>>,
 }
 
 impl Shard {
@@ -181,6 +184,7 @@ impl Shard {
             core_epoch: Cell::new(0),
             transport: RefCell::new(None),
             refusals: Cell::new(RefusalCounts::default()),
+            error_logs: RefCell::new(AHashMap::new()),
         }
     }
 
@@ -230,9 +234,28 @@ impl Shard {
     /// A store error on `what`. A fatal one (the log or the engine refuses every later write)
     /// stops the broker: logged once, `/healthz` turns 503, and `pinq serve` exits with the
     /// reason, instead of a shard that retries and warns forever beside healthy ones.
-    fn on_store_error(&self, what: &str, error: &StoreError) {
+    ///
+    /// A non-fatal one the loop retries (a full disk) is logged at most once per
+    /// [`LOG_INTERVAL_MS`] per site, with the count of lines suppressed meanwhile.
+    fn on_store_error(&self, what: &'static str, error: &StoreError) {
         if !error.is_fatal() {
-            tracing::debug!(shard = self.id, "{what}: {error}");
+            if !error.is_disk_full() {
+                tracing::debug!(shard = self.id, "{what}: {error}");
+                return;
+            }
+            let admitted = self
+                .error_logs
+                .borrow_mut()
+                .entry(what)
+                .or_insert(RateLimit::new(LOG_INTERVAL_MS))
+                .admit(now_ms());
+            if let Some(suppressed) = admitted {
+                tracing::warn!(
+                    shard = self.id,
+                    suppressed,
+                    "{what} refused, retried: {error}"
+                );
+            }
             return;
         }
         let reason = format!("shard {}: storage failed during {what}: {error}", self.id);
@@ -250,6 +273,15 @@ impl Shard {
         match failure {
             drive::PublishFailure::Store(StoreError::NotLeader { .. }) => {
                 Refused::NotLeader(self.leader_hint())
+            }
+            // The text starts with the code, so `refusal::code_of` (and the client's
+            // `refusal()`) read it as `diskFull` through the connection's `failed(..)`.
+            drive::PublishFailure::Store(e) if e.is_disk_full() => {
+                self.refused(Code::DiskFull);
+                Refused::Failed(format!(
+                    "{}: {e} (free space on the disk of server.dataDir)",
+                    Code::DiskFull.name()
+                ))
             }
             other => Refused::Failed(other.to_string()),
         }
@@ -859,20 +891,23 @@ impl Shard {
 
     /// Copies the counters and histograms into this shard's metrics slot.
     pub fn publish_snapshot(&self, slots: &MetricsSlots) {
+        let health = self.store.health();
+        let mut stats = self.core.borrow().stats();
+        // Values the store skipped in unreadable blocks never reach the pipeline's check.
+        stats.counters.unreadable_values_total += health.unreadable_values;
         let snapshot = ShardSnapshot {
-            stats: self.core.borrow().stats(),
+            stats,
             histograms: self.recorder.borrow().snapshot(),
             storage: self.store.storage_figures(),
             raft: self.replicated().map(|r| r.raft_figures()),
-            problems: self.problems(),
+            problems: Self::problems(health),
             refusals: self.refusals.get(),
         };
         slots.publish(self.id, snapshot);
     }
 
     /// What keeps this shard from being healthy, for `/healthz` (empty while healthy).
-    fn problems(&self) -> Vec<Problem> {
-        let health = self.store.health();
+    fn problems(health: crate::storage::StoreHealth) -> Vec<Problem> {
         let mut problems = Vec::new();
         if let Some(what) = health.disk_full {
             problems.push(Problem::DiskFull(what));
@@ -937,6 +972,11 @@ impl Shard {
                 // A failed store refuses every retry: stop now (the warning below says what is
                 // left). Otherwise retry, without a warning per attempt.
                 if self.shutdown.failure().is_some() {
+                    break;
+                }
+                if self.store.health().disk_full.is_some() {
+                    // Deletes wait for space that may not come before the deadline: their
+                    // messages are delivered again after the restart (the warning below).
                     break;
                 }
                 glommio::timer::sleep(Duration::from_millis(10)).await;

@@ -11,6 +11,13 @@
 //! `applied_index` into the engine, and only once both were read without error are orphan files
 //! removed and a torn tail cut (see `crate::log::recovery`): a refused start changes no file.
 //!
+//! Full disk: a write that fails for lack of space is not fatal here. The log keeps the records
+//! it could not write and retries them (`Wal::retry_when_full`), the engine keeps a memtable it
+//! could not flush and retries it; meanwhile [`LsmStore::commit`] refuses every new command with
+//! `StoreError::DiskFull` before it is appended (nothing grows: memory, log and tables stay
+//! as they are), reads go on, and [`LsmStore::disk_full`] names the file for the health check.
+//! The first write that succeeds clears it. Any other I/O error still fails the store for good.
+//!
 //! Reclaim: when a flush commits, the log drops the segments the tables now cover (a small task
 //! waits on the engine's flush signal). The log-size cap (`wal_bytes_max`, padding included)
 //! freezes the memtable even when it is not full, so publish/ACK pairs that annihilate cannot
@@ -54,6 +61,10 @@ impl LsmStore {
         let segment_bytes_max = options.wal_segment_bytes_max;
         let preallocate_bytes = options.wal_preallocate_bytes;
         let wal_bytes_max = options.wal_bytes_max;
+        let retry = (
+            options.disk_full_retry_first_ms,
+            options.disk_full_retry_max_ms,
+        );
         let Opened {
             engine,
             applied_index,
@@ -74,6 +85,7 @@ impl LsmStore {
             segment_bytes_max,
             preallocate_bytes,
         ));
+        wal.retry_when_full(retry.0, retry.1);
         wal.start();
         engine.start()?;
         let engine = Rc::new(engine);
@@ -89,6 +101,10 @@ impl LsmStore {
     /// Appends `command` to the log and applies it; with `Sync::Durable`, resolves after the
     /// fdatasync that covers it. Returns the command's log index.
     pub async fn commit(&self, command: &Command, sync: Sync) -> Result<u64, StoreError> {
+        if let Some(path) = self.disk_full() {
+            // Refused before the log: this command is not stored (see the module docs).
+            return Err(StoreError::DiskFull { path });
+        }
         let turn = self.engine.admit().await?;
         if command.is_empty() {
             drop(turn);
@@ -159,6 +175,22 @@ impl LsmStore {
             dio::remove(&path).await?;
         }
         result.and(wal_result)
+    }
+
+    /// The file a write could not extend for lack of space (log first, then tables), while
+    /// writes are refused for it.
+    pub fn disk_full(&self) -> Option<String> {
+        self.wal.disk_full().or_else(|| self.engine.disk_full())
+    }
+
+    /// What the store knows of its health (disk full, unreadable blocks).
+    pub fn health(&self) -> crate::storage::StoreHealth {
+        let unreadable = self.engine.unreadable();
+        crate::storage::StoreHealth {
+            disk_full: self.disk_full(),
+            unreadable_blocks: unreadable.blocks,
+            unreadable_values: unreadable.values,
+        }
     }
 
     /// Counters and sizes of the engine and the log, for metrics and benches.

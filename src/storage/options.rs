@@ -88,6 +88,19 @@ pub struct LsmOptions {
     pub verify_tables_on_open: bool,
     /// `close` flushes the memtable so the next open replays nothing.
     pub flush_on_close: bool,
+    /// A write that failed for lack of space is retried after this long, doubling each time
+    /// up to [`LsmOptions::disk_full_retry_max_ms`] (see [`retry_delay_ms`]).
+    pub disk_full_retry_first_ms: u64,
+    pub disk_full_retry_max_ms: u64,
+}
+
+/// The wait before retry `attempt` (0 for the first) of a write that failed for lack of space:
+/// `first_ms` doubling up to `max_ms`. Pure.
+pub fn retry_delay_ms(first_ms: u64, max_ms: u64, attempt: u32) -> u64 {
+    first_ms
+        .saturating_mul(1u64 << attempt.min(32))
+        .min(max_ms)
+        .max(1)
 }
 
 impl Default for LsmOptions {
@@ -105,6 +118,8 @@ impl Default for LsmOptions {
             background_shares: 100,
             verify_tables_on_open: false,
             flush_on_close: true,
+            disk_full_retry_first_ms: 100,
+            disk_full_retry_max_ms: 5_000,
         }
     }
 }
@@ -112,7 +127,7 @@ impl Default for LsmOptions {
 impl LsmOptions {
     /// Checks the settings; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
-        let checks: [(&str, bool); 7] = [
+        let checks: [(&str, bool); 8] = [
             ("memtable_bytes_max", self.memtable_bytes_max >= 4096),
             ("frozen_memtables_max", self.frozen_memtables_max >= 1),
             ("wal_bytes_max", self.wal_bytes_max >= 4096),
@@ -129,10 +144,31 @@ impl LsmOptions {
                 "background_shares",
                 (1..=1000).contains(&self.background_shares),
             ),
+            (
+                "disk_full_retry_max_ms",
+                (1..=600_000).contains(&self.disk_full_retry_first_ms)
+                    && self.disk_full_retry_first_ms <= self.disk_full_retry_max_ms
+                    && self.disk_full_retry_max_ms <= 600_000,
+            ),
         ];
         match checks.iter().find(|(_, ok)| !ok) {
             Some((name, _)) => Err(format!("storage option {name} is out of range")),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_full_retries_double_from_100_ms_to_5_s() {
+        let delays: Vec<u64> = (0..9).map(|a| retry_delay_ms(100, 5_000, a)).collect();
+        assert_eq!(
+            delays,
+            [100, 200, 400, 800, 1_600, 3_200, 5_000, 5_000, 5_000]
+        );
+        assert_eq!(retry_delay_ms(100, 5_000, u32::MAX), 5_000);
     }
 }

@@ -121,8 +121,8 @@ impl ShardStore {
     pub fn health(&self) -> StoreHealth {
         match self {
             ShardStore::Memory(_) => StoreHealth::default(),
-            ShardStore::Lsm(_) => StoreHealth::default(),
-            ShardStore::Replicated(_) => StoreHealth::default(),
+            ShardStore::Lsm(s) => s.health(),
+            ShardStore::Replicated(s) => s.health(),
         }
     }
 

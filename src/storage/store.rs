@@ -94,6 +94,12 @@ pub enum StoreError {
     },
     #[error("store is closed")]
     Closed,
+    /// A write failed for lack of space on the disk holding `path` (ENOSPC). Not fatal: writes
+    /// are refused (nothing new is appended) and the failed write is retried with backoff until
+    /// space returns; reads go on. A command whose write was in flight when the disk filled may
+    /// still be stored by that retry (at-least-once), one refused before its append is not.
+    #[error("disk full: a write to {path} failed for lack of space; writes are refused and retried until space returns")]
+    DiskFull { path: String },
     /// Clustered: this replica does not lead the shard's Raft group (`leader`: the node that
     /// does, when known). Nothing was written.
     #[error("not the leader of this shard (leader: {})", leader.map_or("none yet".to_string(), |l| format!("node {l}")))]
@@ -115,10 +121,44 @@ impl StoreError {
         !matches!(
             self,
             StoreError::Closed
+                | StoreError::DiskFull { .. }
                 | StoreError::NotLeader { .. }
                 | StoreError::LeadershipLost
                 | StoreError::TooLarge { .. }
         )
+    }
+
+    /// Whether this is [`StoreError::DiskFull`] (the server refuses with `Code::DiskFull`).
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, StoreError::DiskFull { .. })
+    }
+
+    /// Whether this I/O error means "no space left on the device" (ENOSPC, or EDQUOT: a quota
+    /// heals the same way): the one I/O failure the store retries instead of failing for good.
+    pub fn is_no_space(&self) -> bool {
+        const ENOSPC: i32 = 28;
+        const EDQUOT: i32 = 122;
+        match self {
+            StoreError::Io { source, .. } => {
+                matches!(source.raw_os_error(), Some(ENOSPC | EDQUOT))
+                    || matches!(
+                        source.kind(),
+                        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+                    )
+            }
+            StoreError::DiskFull { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The [`StoreError::DiskFull`] form of a no-space I/O error (naming its file).
+    pub fn to_disk_full(&self) -> StoreError {
+        match self {
+            StoreError::Io { path, .. } | StoreError::DiskFull { path } => {
+                StoreError::DiskFull { path: path.clone() }
+            }
+            other => other.clone_kind(),
+        }
     }
 
     /// A copy to hand to several waiters (an I/O error keeps its kind and text).
@@ -144,6 +184,7 @@ impl StoreError {
                 evidence: evidence.clone(),
             },
             StoreError::Closed => StoreError::Closed,
+            StoreError::DiskFull { path } => StoreError::DiskFull { path: path.clone() },
             StoreError::NotLeader { leader } => StoreError::NotLeader { leader: *leader },
             StoreError::LeadershipLost => StoreError::LeadershipLost,
             StoreError::TooLarge { bytes, max } => StoreError::TooLarge {
@@ -166,6 +207,9 @@ pub struct StoreHealth {
     /// Blocks of the sorted tables found unreadable (checksum or decode failure) and skipped
     /// since start-up; their keys are counted in `pinq_unreadable_values_total`.
     pub unreadable_blocks: u64,
+    /// Keys in those blocks (from each block's entry count when it is still legible, else 1 a
+    /// block): the store's part of `pinq_unreadable_values_total`.
+    pub unreadable_values: u64,
 }
 
 /// A shard's key-value storage engine. See the module docs for the contract.

@@ -21,13 +21,23 @@ use crate::storage::StoreError;
 impl Inner {
     pub(super) async fn run_compactor(self: Rc<Self>) {
         let interval = Duration::from_millis(self.options.compaction_interval_ms.max(1));
+        let mut attempt = 0u32;
         loop {
             if self.stopping() {
                 break;
             }
             self.reap_obsolete().await;
             match self.compact_once(false).await {
-                Ok(true) => continue,
+                Ok(true) => {
+                    attempt = 0;
+                    continue;
+                }
+                Err(e) if e.is_no_space() => {
+                    // Nothing changed: the inputs stay live and the output was removed.
+                    let delay = self.note_disk_full("a compaction", &e, attempt, false);
+                    attempt = attempt.saturating_add(1);
+                    self.sleep_unless_stopping(delay).await;
+                }
                 Ok(false) => {
                     let wait = self.compact_wanted.wait();
                     if self.stopping() {
@@ -107,9 +117,20 @@ impl Inner {
         let id = self.alloc_table_id();
         let path = self.dir.join(table_name(id));
         let mut writer: Option<TableWriter> = None;
+        let damaged_before: u64 = inputs.iter().map(|t| t.unreadable().blocks).sum();
         let merged = self
             .merge_tables(&inputs, &older, &path, now_ms, &mut writer)
             .await;
+        let damaged: u64 = inputs.iter().map(|t| t.unreadable().blocks).sum();
+        if damaged > 0 && merged.is_ok() {
+            // The merge walked past them: the new table leaves their keys out for good.
+            tracing::warn!(
+                dir = %self.dir.display(),
+                blocks = damaged,
+                new_this_merge = damaged - damaged_before.min(damaged),
+                "compaction drops the key ranges of unreadable blocks (their messages were already lost)"
+            );
+        }
         let (dropped_tombstones, dropped_expired) = match merged {
             Ok(counts) => counts,
             Err(e) => {
@@ -170,7 +191,14 @@ impl Inner {
                     file_len: t.file_len(),
                 })
                 .collect();
-            manifest::write(&self.dir, &next).await?;
+            if let Err(e) = manifest::write(&self.dir, &next).await {
+                drop(tables);
+                drop(current);
+                if let Some((t, _)) = output {
+                    super::flush::discard_unlisted(t, &self.dir, &e).await;
+                }
+                return Err(e);
+            }
             let mut st = self.state.borrow_mut();
             st.version = Rc::new(Version { tables });
             st.manifest = next;
@@ -243,6 +271,7 @@ impl Inner {
         for table in candidates {
             match Rc::try_unwrap(table) {
                 Ok(table) => {
+                    self.counters.borrow_mut().retired_unreadable += table.unreadable();
                     let path = table.path().to_path_buf();
                     let _ = table.close().await;
                     if let Err(e) = dio::remove(&path).await {

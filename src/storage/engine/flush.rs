@@ -21,6 +21,7 @@ use crate::storage::StoreError;
 
 impl Inner {
     pub(super) async fn run_flusher(self: Rc<Self>) {
+        let mut attempt = 0u32;
         loop {
             let next = {
                 let st = self.state.borrow();
@@ -30,14 +31,26 @@ impl Inner {
                 st.frozen.back().cloned()
             };
             match next {
-                Some(mt) => {
-                    if let Err(e) = self.flush_memtable(mt).await {
+                Some(mt) => match self.flush_memtable(mt).await {
+                    Ok(()) => {
+                        attempt = 0;
+                        self.note_space_back();
+                    }
+                    Err(e) if e.is_no_space() => {
+                        // The memtable stays frozen (its commands stay in the log) and is
+                        // flushed again; writers stall once the frozen queue is full.
+                        let delay = self.note_disk_full("a memtable flush", &e, attempt, true);
+                        attempt = attempt.saturating_add(1);
+                        self.flushed.notify();
+                        self.sleep_unless_stopping(delay).await;
+                    }
+                    Err(e) => {
                         if !matches!(e, StoreError::Closed) {
                             self.fail(&e);
                         }
                         break;
                     }
-                }
+                },
                 None => {
                     let wait = self.flush_wanted.wait();
                     if self.state.borrow().frozen.is_empty() && !self.stopping() {
@@ -114,7 +127,12 @@ impl Inner {
             if let Some((_, len)) = &table {
                 next.tables.insert(0, TableEntry { id, file_len: *len });
             }
-            manifest::write(&self.dir, &next).await?;
+            if let Err(e) = manifest::write(&self.dir, &next).await {
+                if let Some((t, _)) = table {
+                    discard_unlisted(t, &self.dir, &e).await;
+                }
+                return Err(e);
+            }
             let mut st = self.state.borrow_mut();
             if let Some((t, _)) = &table {
                 let mut tables = Vec::with_capacity(st.version.tables.len() + 1);
@@ -153,6 +171,16 @@ impl Inner {
         self.flushed.notify();
         self.compact_wanted.notify();
         Ok(())
+    }
+
+    /// Sleeps `delay`, or less if the engine shuts down meanwhile.
+    pub(super) async fn sleep_unless_stopping(&self, delay: std::time::Duration) {
+        let stop = async {
+            while !self.stopping() {
+                self.flush_wanted.wait().await;
+            }
+        };
+        futures_lite::future::or(glommio::timer::sleep(delay), stop).await;
     }
 
     /// Streams a frozen memtable through the compaction filter into `writer` (created on the
@@ -203,6 +231,22 @@ impl Inner {
             glommio::yield_if_needed().await;
         }
         Ok((dropped_tombstones, dropped_expired))
+    }
+}
+
+/// Removes a table written for a manifest commit that failed, unless the failure came after
+/// the new manifest was renamed into place (then the table may be listed: recovery removes it
+/// if it is not). Best effort: a leftover is an orphan the next start removes.
+pub(super) async fn discard_unlisted(table: Rc<Table>, dir: &Path, error: &StoreError) {
+    let tmp = dir.join(manifest::MANIFEST_TMP_FILE).display().to_string();
+    let before_rename = matches!(error, StoreError::Io { path, .. } if *path == tmp);
+    let Ok(table) = Rc::try_unwrap(table) else {
+        return;
+    };
+    let path = table.path().to_path_buf();
+    let _ = table.close().await;
+    if before_rename {
+        let _ = crate::storage::io::remove(&path).await;
     }
 }
 

@@ -21,6 +21,13 @@
 //! active memtable in one synchronous step at the end, so the result is one consistent state even
 //! while writes continue.
 //!
+//! Full disk: a flush that fails for lack of space keeps its frozen memtable and is retried with
+//! backoff (`LsmOptions::disk_full_retry_*`); meanwhile [`Engine::disk_full`] names the file,
+//! the log's owner refuses new commands, stalled writers get `StoreError::DiskFull`, and a
+//! close stops waiting for the flush (the log holds those commands). A compaction that fails for
+//! lack of space removes its output and is retried later; it refuses nothing. A table written
+//! for a manifest commit that failed is removed unless the manifest may already list it.
+//!
 //! Must never: read the wall clock outside [`SystemClock`]; hold a `RefCell` borrow across an
 //! await; delete a file the committed manifest still needs; record an `applied_index` whose
 //! commands are not all in the listed tables.
@@ -38,11 +45,13 @@ use super::memtable::{Memtable, MemtableCounters};
 use super::options::{Clock, LsmOptions, SystemClock};
 use super::recovery::{self, RecoveryReport};
 use super::signal::Signal;
+use super::table::reader::Unreadable;
 use super::table::Table;
 use super::{io_error, Failure};
 use crate::key::Key;
 use crate::log::Command;
 use crate::message::Value;
+use crate::ops::ratelimit::{LogLimit, LOG_INTERVAL_MS};
 use crate::storage::{StoreError, WriteBatch};
 
 mod compact;
@@ -112,6 +121,8 @@ struct Counters {
     compaction_tombstones_dropped: u64,
     compaction_expired_dropped: u64,
     write_stalls: u64,
+    /// Unreadable blocks of tables compaction has since replaced (they count since start-up).
+    retired_unreadable: Unreadable,
 }
 
 struct State {
@@ -128,6 +139,9 @@ struct State {
     closing: bool,
     shutdown: bool,
     failed: Option<Failure>,
+    /// A flush or compaction failed for lack of space (the file it was writing): retried with
+    /// backoff, cleared by the next one that succeeds.
+    disk_full: Option<String>,
 }
 
 struct Inner {
@@ -152,6 +166,8 @@ struct Inner {
     stalled: RefCell<VecDeque<u64>>,
     next_stall_ticket: Cell<u64>,
     recovery: RefCell<RecoveryReport>,
+    /// The flusher's and the compactor's no-space warnings (one line per interval).
+    disk_full_log: LogLimit,
 }
 
 /// A writer's turn to append to the log and apply, from [`Engine::admit`]. Drop it right after
@@ -242,6 +258,7 @@ impl Engine {
                 closing: false,
                 shutdown: false,
                 failed: None,
+                disk_full: None,
             }),
             counters: RefCell::new(Counters::default()),
             manifest_lock: Semaphore::new(1),
@@ -252,6 +269,7 @@ impl Engine {
             stalled: RefCell::new(VecDeque::new()),
             next_stall_ticket: Cell::new(0),
             recovery: RefCell::new(recovered.report),
+            disk_full_log: LogLimit::new(LOG_INTERVAL_MS),
             options,
         });
         Ok(Opened {
@@ -384,6 +402,33 @@ impl Engine {
         self.inner.reap_obsolete().await;
     }
 
+    /// The file a flush or compaction could not write for lack of space, while that lasts.
+    pub fn disk_full(&self) -> Option<String> {
+        self.inner.state.borrow().disk_full.clone()
+    }
+
+    /// The engine's health: the file a flush or compaction could not write, and the unreadable
+    /// table blocks skipped since start-up (for a store whose log has no disk-full state of its
+    /// own to add).
+    pub fn health(&self) -> crate::storage::StoreHealth {
+        let unreadable = self.unreadable();
+        crate::storage::StoreHealth {
+            disk_full: self.disk_full(),
+            unreadable_blocks: unreadable.blocks,
+            unreadable_values: unreadable.values,
+        }
+    }
+
+    /// Unreadable table blocks skipped since start-up, and the keys in them.
+    pub fn unreadable(&self) -> Unreadable {
+        let st = self.inner.state.borrow();
+        let mut total = self.inner.counters.borrow().retired_unreadable;
+        for table in st.version.tables.iter().chain(st.obsolete.iter()) {
+            total += table.unreadable();
+        }
+        total
+    }
+
     /// Counters and sizes, for metrics and benches (the log's figures are filled in by its
     /// owner).
     pub fn stats(&self) -> LsmStats {
@@ -473,6 +518,47 @@ impl Inner {
         Ok(())
     }
 
+    /// A background write failed for lack of space: with `refuse` (a flush: memory cannot
+    /// drain) remember the file, which refuses writes and shows in the health check; warn at
+    /// most once per interval; return how long to wait before retry `attempt`. A compaction
+    /// does not refuse writes: it only reclaims space, and on a disk full of tables it may need
+    /// more than ever returns.
+    fn note_disk_full(
+        &self,
+        what: &str,
+        error: &StoreError,
+        attempt: u32,
+        refuse: bool,
+    ) -> std::time::Duration {
+        if refuse {
+            let path = match error {
+                StoreError::Io { path, .. } | StoreError::DiskFull { path } => path.clone(),
+                _ => self.dir.display().to_string(),
+            };
+            self.state.borrow_mut().disk_full = Some(path);
+        }
+        let delay_ms = super::options::retry_delay_ms(
+            self.options.disk_full_retry_first_ms,
+            self.options.disk_full_retry_max_ms,
+            attempt,
+        );
+        if let Some(suppressed) = self.disk_full_log.admit(self.clock.now_ms()) {
+            tracing::warn!(
+                dir = %self.dir.display(),
+                suppressed,
+                "{what} failed for lack of space, retrying in {delay_ms} ms (reads go on; writes wait): {error}"
+            );
+        }
+        std::time::Duration::from_millis(delay_ms)
+    }
+
+    /// A background write succeeded: the disk has room again.
+    fn note_space_back(&self) {
+        if self.state.borrow_mut().disk_full.take().is_some() {
+            tracing::info!(dir = %self.dir.display(), "space is back: table writes resumed");
+        }
+    }
+
     fn fail(&self, error: &StoreError) {
         let failure = Failure::of(error, &self.dir);
         tracing::error!(error = %failure, "storage background work failed; the store refuses further writes");
@@ -504,6 +590,10 @@ impl Inner {
             }
             wait.await;
             self.check_writable()?;
+            if let Some(path) = self.state.borrow().disk_full.clone() {
+                // The flush this writer waits for cannot happen until space returns.
+                return Err(StoreError::DiskFull { path });
+            }
         }
     }
 
@@ -552,6 +642,10 @@ impl Inner {
                 let st = self.state.borrow();
                 if st.frozen.is_empty() {
                     return Ok(());
+                }
+                if let Some(path) = &st.disk_full {
+                    // A close must not wait for space: the log still holds these commands.
+                    return Err(StoreError::DiskFull { path: path.clone() });
                 }
                 if st.shutdown {
                     return Err(StoreError::Closed);

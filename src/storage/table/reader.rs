@@ -1,22 +1,29 @@
 //! Reading tables: metadata decoding (pure) and the DMA shell ([`Table`], [`TableCursor`]).
 //!
 //! A table is opened by reading its footer and metadata blocks (index, bloom, props), all
-//! checksummed; a data block is checked every time it is read. Any failure is a
-//! `StoreError::Corrupt` naming the file: pinq refuses a damaged table rather than serve garbage.
-//! Values of event keys are also validated as rkyv `StoredMessage` archives as they leave the
-//! table (they come from disk, so they are untrusted until checked).
+//! checksummed; a failure there is a `StoreError::Corrupt` naming the file and the table is
+//! refused. A data block is checked every time it is read: one whose checksum or decode fails
+//! (or an event value that is not a valid `StoredMessage` archive) is *skipped* by gets and
+//! cursors, never served: the table remembers it ([`Table::unreadable`], logged once per table
+//! and block), its keys are counted (the block's entry count when its trailer is still
+//! plausible, else 1), and reads go on past it, so one rotten block does not stall the keys
+//! after it. [`Table::verify`] and [`check_table_bytes`] (`pinq doctor`) report such blocks
+//! instead. An I/O error reading a block stays an error.
 //!
 //! A `Table` is immutable and shared (`Rc`) by the engine's current version, by scans in flight
 //! and by compaction; when compaction replaces it, the engine removes the file once the last
 //! reader has dropped it. Called by the engine, recovery and compaction.
 
 use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use glommio::io::DmaFile;
 
-use super::block::{decode_index, seek_block, Block, EntryRef, IndexEntry};
+use super::block::{
+    decode_index, seek_block, Block, EntryRef, IndexEntry, BLOCK_TRAILER_BYTES, ENTRY_HEADER_BYTES,
+};
 use super::bloom::Bloom;
 use super::{Footer, TableError, TableProps, FOOTER_BYTES};
 use crate::key::{EventKey, Key};
@@ -106,6 +113,107 @@ pub fn decode_table_bytes(bytes: &[u8]) -> Result<(TableMeta, Vec<Block>), Table
     Ok((meta, blocks))
 }
 
+/// What [`check_table_bytes`] found in one table file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableCheck {
+    pub blocks: usize,
+    pub entries: u64,
+    /// Data blocks that fail their checksum or decode: (block number, why).
+    pub unreadable: Vec<(usize, String)>,
+}
+
+/// Checks a whole table held in memory block by block, for `pinq doctor`: metadata damage is an
+/// error (the broker refuses such a table at start-up), data-block damage is listed (the broker
+/// skips those blocks). Pure.
+pub fn check_table_bytes(bytes: &[u8]) -> Result<TableCheck, TableError> {
+    if bytes.len() < FOOTER_BYTES {
+        return Err(TableError::TooShort {
+            what: "table",
+            len: bytes.len(),
+        });
+    }
+    let footer = Footer::decode(&bytes[bytes.len() - FOOTER_BYTES..], bytes.len() as u64)?;
+    let tail_offset = footer.index.offset;
+    let meta = TableMeta::decode(
+        bytes.len() as u64,
+        &bytes[tail_offset as usize..],
+        tail_offset,
+    )?;
+    let mut unreadable = Vec::new();
+    for (i, entry) in meta.index.iter().enumerate() {
+        let start = entry.handle.offset as usize;
+        let raw = &bytes[start..start + entry.handle.len as usize];
+        let prev = i.checked_sub(1).map(|p| meta.index[p].last_key.as_slice());
+        let checked = Block::decode(raw.to_vec())
+            .and_then(|block| check_block_against_index(&block, entry, prev).map(|()| block));
+        match checked {
+            Ok(block) => {
+                for j in 0..block.len() {
+                    if let Err(e) = check_value(block.key(j), block.entry(j)) {
+                        unreadable.push((i, format!("entry {j}: {e}")));
+                        break;
+                    }
+                }
+            }
+            Err(e) => unreadable.push((i, e.to_string())),
+        }
+    }
+    Ok(TableCheck {
+        blocks: meta.index.len(),
+        entries: meta.props.entries(),
+        unreadable,
+    })
+}
+
+/// An event key's value must be a valid stored-message archive (it came from disk).
+fn check_value(key: &[u8], entry: EntryRef<'_>) -> Result<(), String> {
+    match entry {
+        EntryRef::Put(bytes) if EventKey::parse(key).is_ok() => Value::copy_from_slice(bytes)
+            .message()
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        _ => Ok(()),
+    }
+}
+
+/// How many keys a block that failed to decode held, as far as its trailer tells: its entry
+/// count when that is plausible for the block's size, else 1. Pure.
+fn keys_in_damaged_block(raw: &[u8]) -> u64 {
+    let Some(at) = raw.len().checked_sub(BLOCK_TRAILER_BYTES) else {
+        return 1;
+    };
+    let count = u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]) as usize;
+    if count == 0 || count > at / ENTRY_HEADER_BYTES {
+        return 1;
+    }
+    count as u64
+}
+
+/// The blocks of one table found unreadable, each counted once.
+#[derive(Debug, Default)]
+struct Damage {
+    /// Whole blocks that fail their checksum or decode → keys they held.
+    blocks: BTreeMap<usize, u64>,
+    /// Single entries of readable blocks whose value is not a valid archive: (block, entry).
+    entries: BTreeSet<(usize, usize)>,
+}
+
+/// A table's unreadable blocks so far (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Unreadable {
+    /// Distinct blocks (whole or with a bad entry).
+    pub blocks: u64,
+    /// Keys skipped in them.
+    pub values: u64,
+}
+
+impl std::ops::AddAssign for Unreadable {
+    fn add_assign(&mut self, other: Unreadable) {
+        self.blocks += other.blocks;
+        self.values += other.values;
+    }
+}
+
 /// A block's keys must lie in `(previous block's last key, its own last key]` and end exactly at
 /// its index key: a valid checksum on a block from the wrong place is still corruption.
 fn check_block_against_index(
@@ -140,6 +248,8 @@ pub struct Table {
     meta: TableMeta,
     /// The last block read: scans page through the same block many times.
     cache: RefCell<Option<(usize, Rc<Block>)>>,
+    /// Blocks found unreadable: skipped by reads without reading them again.
+    damage: RefCell<Damage>,
 }
 
 impl std::fmt::Debug for Table {
@@ -180,6 +290,7 @@ impl Table {
             file_len,
             meta,
             cache: RefCell::new(None),
+            damage: RefCell::new(Damage::default()),
         })
     }
 
@@ -212,11 +323,45 @@ impl Table {
             && self.meta.bloom.may_contain(key)
     }
 
-    /// Reads and checks data block `i`.
+    /// Reads and checks data block `i`; a damaged block is an error (see [`Table::try_block`]).
     pub async fn block(&self, i: usize) -> Result<Rc<Block>, StoreError> {
+        match self.read_block(i).await? {
+            Ok(block) => Ok(block),
+            Err((_, e)) => Err(corrupt(&self.path, format!("block {i}: {e}"))),
+        }
+    }
+
+    /// Data block `i`, or `None` when it is unreadable (checksum or decode failure): then it is
+    /// remembered, logged once and its keys counted, and later calls skip it without I/O.
+    pub async fn try_block(&self, i: usize) -> Result<Option<Rc<Block>>, StoreError> {
+        if self.damage.borrow().blocks.contains_key(&i) {
+            return Ok(None);
+        }
+        match self.read_block(i).await? {
+            Ok(block) => Ok(Some(block)),
+            Err((keys, e)) => {
+                let first = self.damage.borrow_mut().blocks.insert(i, keys).is_none();
+                if first {
+                    tracing::error!(
+                        file = %self.path.display(),
+                        block = i,
+                        keys,
+                        "unreadable table block skipped: {e} (its messages are lost; see pinq doctor --data-dir)"
+                    );
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Reads block `i`: the checked block, or (keys it seems to hold, why) when it is damaged.
+    async fn read_block(
+        &self,
+        i: usize,
+    ) -> Result<Result<Rc<Block>, (u64, TableError)>, StoreError> {
         if let Some((cached, block)) = self.cache.borrow().as_ref() {
             if *cached == i {
-                return Ok(Rc::clone(block));
+                return Ok(Ok(Rc::clone(block)));
             }
         }
         let Some(entry) = self.meta.index.get(i) else {
@@ -232,16 +377,50 @@ impl Table {
             entry.handle.len as usize,
         )
         .await?;
-        let block = Block::decode(bytes.to_vec())
-            .map_err(|e| corrupt(&self.path, format!("block {i}: {e}")))?;
         let prev = i
             .checked_sub(1)
             .map(|p| self.meta.index[p].last_key.as_slice());
-        check_block_against_index(&block, entry, prev)
-            .map_err(|e| corrupt(&self.path, format!("block {i}: {e}")))?;
-        let block = Rc::new(block);
+        let checked = Block::decode(bytes.to_vec())
+            .and_then(|block| check_block_against_index(&block, entry, prev).map(|()| block));
+        let block = match checked {
+            Ok(block) => Rc::new(block),
+            Err(e) => return Ok(Err((keys_in_damaged_block(&bytes), e))),
+        };
         *self.cache.borrow_mut() = Some((i, Rc::clone(&block)));
-        Ok(block)
+        Ok(Ok(block))
+    }
+
+    /// The unreadable blocks found so far, and the keys skipped in them.
+    pub fn unreadable(&self) -> Unreadable {
+        let damage = self.damage.borrow();
+        let mut blocks: BTreeSet<usize> = damage.blocks.keys().copied().collect();
+        blocks.extend(damage.entries.iter().map(|(b, _)| *b));
+        Unreadable {
+            blocks: blocks.len() as u64,
+            values: damage.blocks.values().sum::<u64>() + damage.entries.len() as u64,
+        }
+    }
+
+    /// Entry `j` of block `i` as an owned entry, or `None` when its value is not a valid archive
+    /// (remembered and logged once per block, like a damaged block).
+    fn readable_entry(&self, i: usize, block: &Block, j: usize) -> Option<Entry> {
+        match self.materialize(block.key(j), block.entry(j)) {
+            Ok(entry) => Some(entry),
+            Err(e) => {
+                let mut damage = self.damage.borrow_mut();
+                let first_in_block = !damage.entries.iter().any(|(b, _)| *b == i);
+                damage.entries.insert((i, j));
+                drop(damage);
+                if first_in_block {
+                    tracing::error!(
+                        file = %self.path.display(),
+                        block = i,
+                        "unreadable value skipped: {e} (the message is lost; see pinq doctor --data-dir)"
+                    );
+                }
+                None
+            }
+        }
     }
 
     /// Turns a stored entry into an owned one, validating event values.
@@ -269,11 +448,14 @@ impl Table {
         if i >= self.meta.index.len() {
             return Ok(None);
         }
-        let block = self.block(i).await?;
-        match block.find(key) {
-            Some(entry) => self.materialize(key, entry).map(Some),
-            None => Ok(None),
+        let Some(block) = self.try_block(i).await? else {
+            return Ok(None);
+        };
+        let j = block.seek(key);
+        if j < block.len() && block.key(j) == key {
+            return Ok(self.readable_entry(i, &block, j));
         }
+        Ok(None)
     }
 
     /// Reads and checks every block (recovery's optional deep check).
@@ -323,7 +505,9 @@ impl TableCursor {
         }
     }
 
-    /// The next entry, or `None` past the end of the range.
+    /// The next entry, or `None` past the end of the range. Unreadable blocks and values are
+    /// skipped (see [`Table::try_block`]): every key of the block after a skipped one is above
+    /// the skipped block's keys, so the walk resumes at its first.
     pub async fn next(&mut self) -> Result<Option<(Key, Entry)>, StoreError> {
         if self.done {
             return Ok(None);
@@ -332,28 +516,28 @@ impl TableCursor {
             self.positioned = true;
             self.block_idx = seek_block(&self.table.meta.index, &self.start);
             if self.block_idx < self.table.blocks() {
-                let block = self.table.block(self.block_idx).await?;
-                self.pos = block.seek(&self.start);
-                self.block = Some(block);
+                self.block = self.table.try_block(self.block_idx).await?;
+                self.pos = self.block.as_ref().map_or(0, |b| b.seek(&self.start));
             }
         }
         loop {
-            let Some(block) = self.block.as_ref() else {
-                self.done = true;
-                return Ok(None);
-            };
-            if self.pos < block.len() {
-                let key = block.key(self.pos);
-                if self.end.as_ref().is_some_and(|end| key >= end.as_slice()) {
-                    self.done = true;
-                    self.block = None;
-                    return Ok(None);
+            if let Some(block) = self.block.as_ref() {
+                if self.pos < block.len() {
+                    let j = self.pos;
+                    let key = block.key(j);
+                    if self.end.as_ref().is_some_and(|end| key >= end.as_slice()) {
+                        self.done = true;
+                        self.block = None;
+                        return Ok(None);
+                    }
+                    self.pos += 1;
+                    if let Some(entry) = self.table.readable_entry(self.block_idx, block, j) {
+                        return Ok(Some((Key::from_slice(key), entry)));
+                    }
+                    continue;
                 }
-                let entry = self.table.materialize(key, block.entry(self.pos))?;
-                let key = Key::from_slice(key);
-                self.pos += 1;
-                return Ok(Some((key, entry)));
             }
+            // This block is done (or was unreadable): the next one.
             self.block_idx += 1;
             self.pos = 0;
             if self.block_idx >= self.table.blocks() {
@@ -361,7 +545,7 @@ impl TableCursor {
                 self.block = None;
                 return Ok(None);
             }
-            self.block = Some(self.table.block(self.block_idx).await?);
+            self.block = self.table.try_block(self.block_idx).await?;
         }
     }
 }
