@@ -372,8 +372,14 @@ fn cluster_status(view: &ClusterView) -> rpc::cluster::ClusterStatus {
     }
 }
 
+/// A refusal as the client gets it: `overloaded` when its text carries a code the client may
+/// retry later (a shard's `diskFull` travels as text through the mesh), `failed` otherwise.
 fn failed(message: impl Into<String>) -> capnp::Error {
-    capnp::Error::failed(message.into())
+    let message = message.into();
+    match crate::rpc::refusal::code_of(&message) {
+        Some(code) if code.retry_later() => capnp::Error::overloaded(message),
+        _ => capnp::Error::failed(message),
+    }
 }
 
 fn wire(e: WireError) -> capnp::Error {

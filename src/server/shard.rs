@@ -275,7 +275,7 @@ impl Shard {
                 Refused::NotLeader(self.leader_hint())
             }
             // The text starts with the code, so `refusal::code_of` (and the client's
-            // `refusal()`) read it as `diskFull` through the connection's `failed(..)`.
+            // `refusal()`) read it as `diskFull`; the connection sends it as `overloaded`.
             drive::PublishFailure::Store(e) if e.is_disk_full() => {
                 self.refused(Code::DiskFull);
                 Refused::Failed(format!(
@@ -900,14 +900,14 @@ impl Shard {
             histograms: self.recorder.borrow().snapshot(),
             storage: self.store.storage_figures(),
             raft: self.replicated().map(|r| r.raft_figures()),
-            problems: Self::problems(health),
+            problems: self.problems(health),
             refusals: self.refusals.get(),
         };
         slots.publish(self.id, snapshot);
     }
 
     /// What keeps this shard from being healthy, for `/healthz` (empty while healthy).
-    fn problems(health: crate::storage::StoreHealth) -> Vec<Problem> {
+    fn problems(&self, health: crate::storage::StoreHealth) -> Vec<Problem> {
         let mut problems = Vec::new();
         if let Some(what) = health.disk_full {
             problems.push(Problem::DiskFull(what));
