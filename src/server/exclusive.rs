@@ -83,29 +83,40 @@ pub fn ensure_port_free(addr: SocketAddr, what: &str) -> anyhow::Result<()> {
     if addr.port() == 0 {
         return Ok(());
     }
-    match TcpListener::bind(addr) {
-        Ok(probe) => {
-            drop(probe);
-            Ok(())
+    let deadline = std::time::Instant::now() + ORPHAN_WAIT;
+    loop {
+        match TcpListener::bind(addr) {
+            Ok(probe) => {
+                drop(probe);
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {}
+            Err(e) => anyhow::bail!("cannot listen on {what} {addr}: {e}"),
         }
-        // Connections a stopped broker left behind (FIN_WAIT, TIME_WAIT: the kernel's, not a
-        // process's) also make this bind fail, without anyone listening: only a listener is
-        // another broker. glommio's own bind (with SO_REUSEPORT) succeeds beside them.
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && !is_listened_on(addr.port()) => {
-            Ok(())
+        // Connections a stopped broker left behind (FIN_WAIT, TIME_WAIT) also fail this bind,
+        // without anyone listening: only a listener is another broker.
+        if !is_listened_on(addr.port()) {
+            return Ok(());
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            let holder = port_holder(addr.port())
-                .map(|h| format!(" by {h}"))
-                .unwrap_or_default();
+        if let Some(holder) = port_holder(addr.port()) {
             anyhow::bail!(
-                "{what} {addr} is already in use{holder}: another broker (or program) listens \
-                 there; stop it or choose another port"
-            )
+                "{what} {addr} is already in use by {holder}: another broker (or program) \
+                 listens there; stop it or choose another port"
+            );
         }
-        Err(e) => anyhow::bail!("cannot listen on {what} {addr}: {e}"),
+        // A listener no process holds: a broker killed a moment ago whose io_uring still
+        // references its socket until the kernel tears the ring down. Wait for that; should it
+        // outlast the wait, let the real bind (with SO_REUSEPORT) decide.
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(%addr, "{what}: a socket no process holds still listens there; binding beside it");
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// How long [`ensure_port_free`] waits for a listener without an owner to go away.
+const ORPHAN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Whether any socket listens on TCP `port` (`/proc/net/tcp`, `/proc/net/tcp6`). When the
 /// tables cannot be read, assume so (refusing is the safe side).
