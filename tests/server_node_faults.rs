@@ -175,6 +175,7 @@ fn consume_ends_with_an_error_when_its_broker_is_killed() {
     server.kill9();
     let ((status, _stdout, stderr), _ran) = consumer.join().expect("consumer thread");
     let after_kill = killed_at.elapsed();
+    eprintln!("pinq consume exited {after_kill:?} after the broker's kill -9");
     assert_eq!(status, 1, "consume fails when its broker dies: {stderr}");
     assert!(
         stderr.contains("connection") || stderr.contains("broker"),

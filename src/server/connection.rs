@@ -72,7 +72,6 @@ pub async fn serve(
         topology,
         own_port,
         conn: conn.clone(),
-        budget_wait: limits::PUBLISH_ROOM_WAIT,
         edge: edge.clone(),
     });
     let rpc = RpcSystem::new(Box::new(network), Some(broker.client));
@@ -261,8 +260,6 @@ struct BrokerImpl {
     own_port: bool,
     conn: Rc<ConnectionUse>,
     edge: Rc<EdgeLimits>,
-    /// The longest a publish waits for room in the shard's budget.
-    budget_wait: std::time::Duration,
 }
 
 /// A place among the connection's `server.maxCallsInFlight`, or the refusal (counted).
@@ -281,7 +278,7 @@ impl BrokerImpl {
         enter_call(&self.shard, &self.conn)
     }
 
-    /// Takes a publish's bytes from this shard's budget, waiting up to `budget_wait` for room.
+    /// Takes a publish's bytes from this shard's budget, waiting up to [`limits::PUBLISH_ROOM_WAIT`] for room.
     ///
     /// The budget is the shard's that accepted the connection, not the owning shard's: the
     /// request's memory (the read frame and the archives made from it) is allocated here and
@@ -289,7 +286,7 @@ impl BrokerImpl {
     /// at once, with no cross-core round trip and no partial reservation across shards.
     async fn room_for(&self, bytes: usize) -> Result<BytePermit, capnp::Error> {
         let budget = &self.edge.budget;
-        match budget.acquire(bytes, self.budget_wait).await {
+        match budget.acquire(bytes, limits::PUBLISH_ROOM_WAIT).await {
             Some(permit) => Ok(permit),
             None => {
                 self.shard.refused(Code::PublishBytesInFlight);
@@ -298,7 +295,7 @@ impl BrokerImpl {
                     self.shard.id,
                     budget.in_use(),
                     budget.max(),
-                    self.budget_wait.as_millis()
+                    limits::PUBLISH_ROOM_WAIT.as_millis()
                 )))
             }
         }

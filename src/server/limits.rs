@@ -3,8 +3,7 @@
 //! stalled-frame watchdog, calls and subscriptions per connection, and each shard's budget of
 //! publish bytes in flight.
 //!
-//! The cores here ([`FrameGate`]'s state machine, [`Watchdog`], [`BudgetCore`], [`LogLimiter`],
-//! [`Backoff`]) read no clock and do no I/O: the accept loop and `connection::serve` pass `now_ms`
+//! The cores here ([`FrameGate`]'s state machine, [`Watchdog`], [`BudgetCore`], [`Backoff`]) read no clock and do no I/O: the accept loop and `connection::serve` pass `now_ms`
 //! in and act on what they return. Nothing here refuses a request by itself: callers turn a `None`
 //! or an `Err` into a typed refusal (`crate::rpc::refusal::Code`) and count it.
 //!
@@ -697,37 +696,6 @@ impl Drop for BytePermit {
 
 // ---------------------------------------------------------------------------------------------
 // The accept loop's error handling
-
-/// Lets one line through per interval and counts the ones it held back.
-#[derive(Debug)]
-pub struct LogLimiter {
-    interval_ms: u64,
-    last_ms: Option<u64>,
-    suppressed: u64,
-}
-
-impl LogLimiter {
-    pub fn new(interval_ms: u64) -> LogLimiter {
-        LogLimiter {
-            interval_ms,
-            last_ms: None,
-            suppressed: 0,
-        }
-    }
-
-    /// `Some(lines held back since the last one)` when this one should be logged.
-    pub fn note(&mut self, now_ms: u64) -> Option<u64> {
-        let due = self
-            .last_ms
-            .is_none_or(|last| now_ms.saturating_sub(last) >= self.interval_ms);
-        if !due {
-            self.suppressed += 1;
-            return None;
-        }
-        self.last_ms = Some(now_ms);
-        Some(std::mem::take(&mut self.suppressed))
-    }
-}
 
 /// The pause after a failed accept: doubling from 10 ms to 1 s, back to 10 ms on success.
 #[derive(Debug, Default)]

@@ -25,7 +25,7 @@ use anyhow::Context;
 use glommio::channels::shared_channel::{self, ConnectedReceiver, SharedReceiver, SharedSender};
 use glommio::{LocalExecutorBuilder, Placement};
 
-use self::limits::{Backoff, ConnectionCount, EdgeLimits, LogLimiter};
+use self::limits::{Backoff, ConnectionCount, EdgeLimits};
 use self::mesh::ShardMsg;
 use self::shard::{now_ms, Kick, Shard};
 use self::shutdown::ShutdownFlag;
@@ -514,7 +514,7 @@ async fn accept_loop(
     listener: glommio::net::TcpListener,
     own_port: bool,
 ) {
-    let mut log = LogLimiter::new(limits::ACCEPT_ERROR_LOG_INTERVAL_MS);
+    let mut log = crate::ops::ratelimit::RateLimit::new(limits::ACCEPT_ERROR_LOG_INTERVAL_MS);
     let mut backoff = Backoff::default();
     loop {
         match listener.accept().await {
@@ -536,7 +536,7 @@ async fn accept_loop(
             }
             Err(e) => {
                 let pause = backoff.failed();
-                if let Some(suppressed) = log.note(now_ms()) {
+                if let Some(suppressed) = log.admit(now_ms()) {
                     tracing::warn!(
                         shard = shard.id,
                         suppressed,

@@ -189,6 +189,7 @@ async fn tear(
     keep: usize,
 ) -> Result<(), StoreError> {
     let len = new.len();
+    let keep = keep.min(len);
     let old = file.read_at(pos, len).await.map_err(|e| gerr(path, e))?;
     let dst = new.as_bytes_mut();
     dst[keep..].fill(0);

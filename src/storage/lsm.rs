@@ -185,11 +185,9 @@ impl LsmStore {
 
     /// What the store knows of its health (disk full, unreadable blocks).
     pub fn health(&self) -> crate::storage::StoreHealth {
-        let unreadable = self.engine.unreadable();
         crate::storage::StoreHealth {
             disk_full: self.disk_full(),
-            unreadable_blocks: unreadable.blocks,
-            unreadable_values: unreadable.values,
+            ..self.engine.health()
         }
     }
 

@@ -253,13 +253,13 @@ fn calls_and_subscriptions_are_bounded_per_connection() {
 
 #[test]
 fn a_repeated_accept_error_is_logged_once_per_interval_with_the_count_held_back() {
-    let mut log = LogLimiter::new(5000);
-    assert_eq!(log.note(0), Some(0));
+    let mut log = crate::ops::ratelimit::RateLimit::new(ACCEPT_ERROR_LOG_INTERVAL_MS);
+    assert_eq!(log.admit(0), Some(0));
     for now in 1..100 {
-        assert_eq!(log.note(now * 10), None);
+        assert_eq!(log.admit(now * 10), None);
     }
-    assert_eq!(log.note(5000), Some(99));
-    assert_eq!(log.note(5001), None);
+    assert_eq!(log.admit(5000), Some(99));
+    assert_eq!(log.admit(5001), None);
     let mut backoff = Backoff::default();
     let pauses: Vec<u64> = (0..10)
         .map(|_| backoff.failed().as_millis() as u64)

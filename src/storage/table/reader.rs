@@ -85,9 +85,8 @@ impl TableMeta {
     }
 }
 
-/// Decodes a whole table held in memory: metadata and every data block. Used by tests, tools and
-/// the fuzz harness; the engine reads block by block instead.
-pub fn decode_table_bytes(bytes: &[u8]) -> Result<(TableMeta, Vec<Block>), TableError> {
+/// Decodes the footer and metadata of a whole table held in memory. Pure.
+fn decode_meta_bytes(bytes: &[u8]) -> Result<TableMeta, TableError> {
     if bytes.len() < FOOTER_BYTES {
         return Err(TableError::TooShort {
             what: "table",
@@ -101,6 +100,13 @@ pub fn decode_table_bytes(bytes: &[u8]) -> Result<(TableMeta, Vec<Block>), Table
         &bytes[tail_offset as usize..],
         tail_offset,
     )?;
+    Ok(meta)
+}
+
+/// Decodes a whole table held in memory: metadata and every data block. Used by tests, tools and
+/// the fuzz harness; the engine reads block by block instead.
+pub fn decode_table_bytes(bytes: &[u8]) -> Result<(TableMeta, Vec<Block>), TableError> {
+    let meta = decode_meta_bytes(bytes)?;
     let mut blocks = Vec::with_capacity(meta.index.len());
     let mut prev_last: Option<&[u8]> = None;
     for entry in &meta.index {
@@ -126,19 +132,7 @@ pub struct TableCheck {
 /// error (the broker refuses such a table at start-up), data-block damage is listed (the broker
 /// skips those blocks). Pure.
 pub fn check_table_bytes(bytes: &[u8]) -> Result<TableCheck, TableError> {
-    if bytes.len() < FOOTER_BYTES {
-        return Err(TableError::TooShort {
-            what: "table",
-            len: bytes.len(),
-        });
-    }
-    let footer = Footer::decode(&bytes[bytes.len() - FOOTER_BYTES..], bytes.len() as u64)?;
-    let tail_offset = footer.index.offset;
-    let meta = TableMeta::decode(
-        bytes.len() as u64,
-        &bytes[tail_offset as usize..],
-        tail_offset,
-    )?;
+    let meta = decode_meta_bytes(bytes)?;
     let mut unreadable = Vec::new();
     for (i, entry) in meta.index.iter().enumerate() {
         let start = entry.handle.offset as usize;
@@ -408,7 +402,7 @@ impl Table {
             Ok(entry) => Some(entry),
             Err(e) => {
                 let mut damage = self.damage.borrow_mut();
-                let first_in_block = !damage.entries.iter().any(|(b, _)| *b == i);
+                let first_in_block = damage.entries.range((i, 0)..(i + 1, 0)).next().is_none();
                 damage.entries.insert((i, j));
                 drop(damage);
                 if first_in_block {
