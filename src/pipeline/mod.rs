@@ -22,6 +22,7 @@ pub mod inflight;
 pub mod janitor;
 pub mod memory;
 pub mod shard;
+pub mod stock;
 
 pub use crate::batch::{PublishError, ValidatedBatch};
 pub use deleter::DeleteBatch;
