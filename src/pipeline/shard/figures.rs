@@ -1,13 +1,14 @@
 //! Figures: a shard's statistics per topic and per group, computed from the stock and the hub
 //! when asked (by the once-a-second metrics snapshot and by `stats` calls), never kept twice.
 //!
-//! - A topic's `waiting` messages are stored, due and not dispatched; `in_flight` counts its
-//!   in-flight entries (dispatched, delete not yet applied); `scheduled` are not due yet.
+//! - A topic's `stored` messages are `due` or `scheduled`; of the due ones, `in_flight` counts
+//!   those dispatched whose delete is not applied yet, and `waiting` the others.
 //! - A group's `backlog` is its topic's waiting messages plus the group's copies waiting for a
 //!   consumer (redeliveries: NACKed, timed out, released by a leaving member); its `in_flight`
 //!   counts the copies its consumers hold (queued for them or delivered, not settled).
 //!
-//! The untracked topics (past `delivery.maxCountedTopics`) appear as one topic named `""`.
+//! The untracked topics (past `delivery.maxCountedTopics`) appear as one topic named `""`; a
+//! topic's universal consumers appear as one group named `""`.
 
 use std::sync::Arc;
 
@@ -22,6 +23,9 @@ use crate::pipeline::hub::{Recipient, RecipientCounters, RecipientKind};
 pub struct TopicFigures {
     pub topic: Arc<str>,
     pub stored: u64,
+    /// Stored and due, dispatched or not (`stored` = `due` + `scheduled`).
+    pub due: u64,
+    /// Due and not dispatched.
     pub waiting: u64,
     pub scheduled: u64,
     pub in_flight: u64,
@@ -29,7 +33,7 @@ pub struct TopicFigures {
     pub recipients: u32,
 }
 
-/// One group (or universal consumer, `group` empty) of a topic.
+/// One group of a topic, or (`group` empty) the topic's universal consumers taken together.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GroupFigures {
     pub topic: Arc<str>,
@@ -41,6 +45,24 @@ pub struct GroupFigures {
     pub scheduled: u64,
     pub in_flight: u64,
     pub counters: RecipientCounters,
+}
+
+impl GroupFigures {
+    /// Adds another recipient's figures of the same topic (its backlog of due messages is the
+    /// topic's, already counted here: only its own waiting copies add).
+    pub fn absorb(&mut self, other: &GroupFigures) {
+        self.consumers += other.consumers;
+        self.backlog += other.pending;
+        self.pending += other.pending;
+        self.in_flight += other.in_flight;
+        let (c, o) = (&mut self.counters, &other.counters);
+        c.dispatched += o.dispatched;
+        c.acked += o.acked;
+        c.nacked += o.nacked;
+        c.redeliveries += o.redeliveries;
+        c.expired += o.expired;
+        c.dead_lettered += o.dead_lettered;
+    }
 }
 
 impl ShardCore {
@@ -57,6 +79,7 @@ impl ShardCore {
                 recipients: self.recipients_of(&name),
                 topic: name,
                 stored: stock.stored,
+                due: stock.due(bound),
                 waiting: stock.due(bound).saturating_sub(in_flight),
                 scheduled: stock.scheduled(bound),
                 in_flight,
@@ -115,6 +138,13 @@ impl ShardCore {
             })
             .collect();
         groups.sort_by(|a, b| (&a.topic, &a.group).cmp(&(&b.topic, &b.group)));
+        groups.dedup_by(|later, kept| {
+            let universal = later.group.is_empty() && kept.group.is_empty();
+            if universal && later.topic == kept.topic {
+                kept.absorb(later);
+            }
+            universal && later.topic == kept.topic
+        });
         groups
     }
 
