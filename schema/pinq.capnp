@@ -288,8 +288,30 @@ struct Stats {
   shards @0 :List(ShardStats);
   # One entry per shard, ordered by `shardId`.
   groups @1 :List(GroupStats);
-  # One entry per recipient with state: each (topic, group) pair, and per topic one entry with
-  # an empty `group` summing its universal consumers.
+  # One entry per recipient with members or claims: each (topic, group) pair, and per topic one
+  # entry with an empty `group` summing its universal consumers. Ordered by shard, topic, group.
+  topics @2 :List(TopicStats);
+  # One entry per topic with stored messages or consumers, ordered by shard and topic. A shard
+  # counts at most `delivery.maxCountedTopics` topics one by one; the messages of the others are
+  # summed in one entry with an empty `topic`.
+}
+
+struct TopicStats {
+  # Messages of one topic on its shard, read at the time of the call.
+
+  topic @0 :Text;
+  shardId @1 :UInt32;
+  stored @2 :UInt64;
+  # Gauge: messages in the store (not yet deleted).
+  due @3 :UInt64;
+  # Gauge: stored messages that are due (`stored` = `due` + `scheduled`).
+  scheduled @4 :UInt64;
+  # Gauge: stored messages whose delay has not passed yet.
+  inFlight @5 :UInt64;
+  # Gauge: of the due messages, those dispatched and not yet deleted (some recipient has not
+  # settled its copy, or the delete is being written).
+  groups @6 :UInt32;
+  # Gauge: groups of the topic, plus one if it has universal consumers.
 }
 
 struct ShardStats {
@@ -315,7 +337,14 @@ struct ShardStats {
   deleteFailures @9 :UInt64;
   # Total delete batches that failed and were queued again.
   backlog @10 :UInt64;
-  # Gauge: messages stored and not yet deleted, due or scheduled.
+  # Gauge: stored messages that are due and not yet dispatched, plus copies waiting to be
+  # delivered again (NACKed, timed out, or released by a consumer that left).
+  scheduled @11 :UInt64;
+  # Gauge: stored messages whose delay has not passed yet.
+  counted @12 :Bool;
+  # False until the shard has counted its store once since it started (within about a second,
+  # plus the time to read the store): until then `backlog`, `scheduled` and the topics' figures
+  # miss messages stored before the start.
 }
 
 struct GroupStats {
@@ -329,7 +358,8 @@ struct GroupStats {
   consumers @3 :UInt32;
   # Gauge: connected consumers.
   backlog @4 :UInt64;
-  # Gauge: messages due or scheduled that this recipient has not acknowledged.
+  # Gauge: the topic's stored messages that are due and not yet dispatched, plus this
+  # recipient's copies waiting to be delivered again.
   inFlight @5 :UInt64;
   # Gauge: copies sent to this recipient and not yet settled.
   dispatched @6 :UInt64;
@@ -339,4 +369,7 @@ struct GroupStats {
   expired @10 :UInt64;
   deadLettered @11 :UInt64;
   # Total copies moved to a dead-letter topic after too many delivery attempts.
+  scheduled @12 :UInt64;
+  # Gauge: the topic's stored messages whose delay has not passed yet (they will reach this
+  # recipient when due).
 }

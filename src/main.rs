@@ -21,6 +21,8 @@ fn main() -> ExitCode {
         Command::Publish(_)
             | Command::Consume(_)
             | Command::Stats(_)
+            | Command::Topics(_)
+            | Command::Groups(_)
             | Command::Topology(_)
             | Command::Cluster(_)
     );
@@ -29,7 +31,9 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Publish(args) => cli::client_cmds::publish(args),
         Command::Consume(args) => cli::client_cmds::consume(args),
-        Command::Stats(args) => cli::client_cmds::stats(args),
+        Command::Stats(args) => cli::stats_cmds::stats(args),
+        Command::Topics(args) => cli::stats_cmds::topics(args),
+        Command::Groups(args) => cli::stats_cmds::groups(args),
         Command::Topology(args) => cli::client_cmds::topology(args),
         Command::Cluster(command) => cli::cluster_cmds::run(command),
         Command::Bench(args) => bench(&args),

@@ -302,46 +302,6 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
     })
 }
 
-pub fn stats(args: ServerArgs) -> anyhow::Result<()> {
-    block_on("pinq-stats", move || {
-        Box::pin(async move {
-            let client = Client::connect(args.server.as_str())
-                .await
-                .with_context(|| format!("connecting to {}", args.server))?;
-            let stats = client.stats().await.context("stats")?;
-            println!(
-                "{:>5} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9} {:>12} {:>9} {:>8}",
-                "shard",
-                "published",
-                "dispatched",
-                "acked",
-                "nacked",
-                "in_flight",
-                "consumers",
-                "redeliveries",
-                "expired",
-                "backlog"
-            );
-            for s in &stats.shards {
-                println!(
-                    "{:>5} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9} {:>12} {:>9} {:>8}",
-                    s.shard_id,
-                    s.published,
-                    s.dispatched,
-                    s.acked,
-                    s.nacked,
-                    s.in_flight,
-                    s.active_consumers,
-                    s.redeliveries,
-                    s.expired,
-                    s.backlog
-                );
-            }
-            Ok(())
-        })
-    })
-}
-
 pub fn topology(args: ServerArgs) -> anyhow::Result<()> {
     block_on("pinq-topology", move || {
         Box::pin(async move {

@@ -11,6 +11,7 @@ pub mod client_cmds;
 pub mod cluster_cmds;
 pub mod doctor_args;
 pub mod serve_args;
+pub mod stats_cmds;
 
 pub use bench_args::BenchArgs;
 pub use client_cmds::{ConsumeArgs, PublishArgs, ServerArgs};
@@ -42,8 +43,12 @@ pub enum Command {
     Publish(PublishArgs),
     /// Consume messages: print each payload on its own line and ACK it (or NACK with --nack).
     Consume(ConsumeArgs),
-    /// Print the broker's counters per shard.
-    Stats(ServerArgs),
+    /// Print the broker's counters per shard and per group (`--json` for scripts).
+    Stats(stats_cmds::StatsArgs),
+    /// List topics with their stored, due, scheduled and in-flight messages.
+    Topics(stats_cmds::StatsArgs),
+    /// List the groups of a topic with their consumers, backlog and counters.
+    Groups(stats_cmds::GroupsArgs),
     /// Print the broker's shards and the port of each.
     Topology(ServerArgs),
     /// Inspect a cluster: `pinq cluster status --server ADDR [--json]`.

@@ -224,6 +224,7 @@ impl broker::Server for FakeBroker {
                 ..ShardStats::default()
             }],
             groups: Vec::new(),
+            topics: Vec::new(),
         };
         std::future::ready(rpc::write_stats(results.get().init_stats(), &stats).map_err(Into::into))
     }

@@ -69,6 +69,12 @@ pub struct DeliveryConfig {
     /// `delivery.maxConsumersPerGroup`: consumers of one group (and universal consumers of one
     /// topic).
     pub consumers_per_group_max: usize,
+    /// `delivery.maxCountedTopics`: topics whose stored, due and scheduled messages a shard
+    /// counts one by one (figures); the messages of topics past it are summed as one.
+    pub counted_topics_max: usize,
+    /// `delivery.maxGroupMetrics`: groups of a shard exported with their own labels; the rest
+    /// are summed under `group="_other"`.
+    pub group_metrics_max: usize,
 }
 
 impl Default for DeliveryConfig {
@@ -90,6 +96,8 @@ impl Default for DeliveryConfig {
             groups_per_topic_max: 1024,
             groups_per_shard_max: 16_384,
             consumers_per_group_max: 1024,
+            counted_topics_max: 4096,
+            group_metrics_max: 256,
         }
     }
 }

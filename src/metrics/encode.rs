@@ -154,6 +154,16 @@ const GAUGES: &[(&str, &str, Read)] = &[
         "Copies waiting for a consumer with room (retry lists).",
         |s| s.stats.pending_copies as u64,
     ),
+    (
+        "pinq_backlog_messages",
+        "Stored messages that are due and not yet dispatched, plus copies waiting to be delivered again.",
+        |s| s.stats.backlog,
+    ),
+    (
+        "pinq_scheduled_messages",
+        "Stored messages whose delay has not passed yet.",
+        |s| s.stats.scheduled,
+    ),
 ];
 
 type ReadHistogram = fn(&ShardSnapshot) -> &HistogramSnapshot;
@@ -291,6 +301,7 @@ impl Collector for ShardCollector {
             }
         }
         encode_raft(&mut encoder, &shards)?;
+        super::groups::encode(&mut encoder, &shards)?;
         let storage: Vec<(&str, &StorageFigures)> = shards
             .iter()
             .filter_map(|(shard, snap)| snap.storage.as_ref().map(|f| (shard.as_str(), f)))

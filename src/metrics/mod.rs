@@ -14,6 +14,7 @@
 //! [`ShardCore`]: crate::pipeline::ShardCore
 
 pub mod encode;
+pub mod groups;
 pub mod http;
 
 use std::sync::{Arc, Mutex};

@@ -71,6 +71,19 @@ pub struct Recipient {
     /// Copies waiting for a consumer of this recipient, oldest first. Each key appears once:
     /// a copy is in this list exactly while its state is `Pending`.
     pub pending: VecDeque<EventKey>,
+    pub counters: RecipientCounters,
+}
+
+/// What happened to one recipient's copies since it was created (`GroupStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecipientCounters {
+    pub dispatched: u64,
+    pub acked: u64,
+    pub nacked: u64,
+    /// Deliveries after the first of a copy (timeout, NACK, or its holder leaving).
+    pub redeliveries: u64,
+    pub expired: u64,
+    pub dead_lettered: u64,
 }
 
 impl Recipient {
@@ -315,6 +328,7 @@ impl Hub {
                     topic: topic_name.clone(),
                     kind: RecipientKind::Universal { consumer },
                     pending: VecDeque::new(),
+                    counters: RecipientCounters::default(),
                 },
             );
             self.topics_entry(&topic_name).universals.push(recipient);
@@ -341,6 +355,7 @@ impl Hub {
                                 empty_since_ms: None,
                             },
                             pending: VecDeque::new(),
+                            counters: RecipientCounters::default(),
                         },
                     );
                     self.topics_entry(&topic_name)
@@ -452,6 +467,13 @@ impl Hub {
     }
 
     /// Removes a group and returns it (with its pending list), if it has no members.
+    /// Counts something that happened to a copy of `recipient`.
+    pub fn count(&mut self, recipient: RecipientId, what: impl FnOnce(&mut RecipientCounters)) {
+        if let Some(r) = self.recipients.get_mut(&recipient) {
+            what(&mut r.counters);
+        }
+    }
+
     pub fn remove_group(&mut self, recipient: RecipientId) -> Option<Recipient> {
         let has_members = self.recipients.get(&recipient)?.has_members();
         if has_members {

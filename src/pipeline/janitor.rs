@@ -16,6 +16,9 @@ pub struct SweepPage {
     pub limit: usize,
 }
 
+/// The first sweep starts this long after the core (or sooner, with a shorter interval).
+pub const FIRST_SWEEP_AFTER_MS: u64 = 1_000;
+
 pub struct Janitor {
     interval_ms: u64,
     page_len_max: usize,
@@ -31,7 +34,9 @@ impl Janitor {
         Janitor {
             interval_ms: interval_ms.max(1),
             page_len_max: page_len_max.max(1),
-            next_sweep_ms: now_ms.saturating_add(interval_ms),
+            // The first sweep is also the census of what the store holds (`super::stock`): it
+            // runs soon after the start, so figures are right soon after a restart.
+            next_sweep_ms: now_ms.saturating_add(interval_ms.min(FIRST_SWEEP_AFTER_MS)),
             in_progress: false,
             sweeps_total: 0,
             skipped_non_event_total: 0,

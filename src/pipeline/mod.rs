@@ -22,13 +22,15 @@ pub mod inflight;
 pub mod janitor;
 pub mod memory;
 pub mod shard;
+pub mod stock;
 
 pub use crate::batch::{PublishError, ValidatedBatch};
 pub use deleter::DeleteBatch;
 pub use dispatcher::ScanRequest;
 pub use hub::{ConsumerId, HubLimits, Limit, RecipientId};
 pub use shard::{
-    Capacities, ConsumerError, Counters, Delivery, ShardCore, ShardStats, StoreBatch, TagResult,
+    Capacities, ConsumerError, Counters, Delivery, GroupFigures, ShardCore, ShardStats, StoreBatch,
+    TagResult, TopicFigures,
 };
 
 #[allow(unused_imports)]

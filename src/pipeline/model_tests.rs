@@ -170,6 +170,8 @@ impl Model {
             groups_per_topic_max: rng.usize(1..=2),
             groups_per_shard_max: 0,
             consumers_per_group_max: rng.usize(2..=6),
+            counted_topics_max: rng.usize(1..=3),
+            group_metrics_max: 4,
         };
         let topics = rng.usize(2..=3);
         // Every topic's sticky group must fit.
@@ -962,6 +964,7 @@ impl Model {
     fn check_bounds(&self) {
         let core = self.sim.core.borrow();
         core.assert_consistent();
+        self.check_figures(&core.stats());
         assert!(core.groups_len() <= self.cfg.groups_per_shard_max);
         assert_eq!(core.consumer_count(), self.consumers.len());
         for (id, c) in &self.consumers {
@@ -979,6 +982,31 @@ impl Model {
                 self.cfg.unacked_per_consumer_max
             );
         }
+    }
+
+    /// The stock counts exactly the messages in the store, and an expired message is counted
+    /// once, whoever meets it first.
+    fn check_figures(&self, stats: &super::ShardStats) {
+        let live = |m: &&Message| m.stored && !m.deleted;
+        let stored = self.messages.values().filter(live).count() as u64;
+        assert_eq!(stats.topics.iter().map(|t| t.stored).sum::<u64>(), stored);
+        for t in &stats.topics {
+            assert!(t.waiting + t.scheduled <= t.stored, "{t:?}");
+        }
+        let with_ttl = self
+            .messages
+            .values()
+            .filter(|m| m.stored && m.ttl_ms > 0)
+            .count();
+        let c = &stats.counters;
+        assert!(
+            c.expired_dispatcher_total + c.expired_janitor_total <= with_ttl as u64,
+            "{} + {} expired, only {with_ttl} messages have a TTL",
+            c.expired_dispatcher_total,
+            c.expired_janitor_total
+        );
+        let acked: u64 = stats.groups.iter().map(|g| g.counters.acked).sum();
+        assert!(acked <= c.acked_total);
     }
 
     // ---- the final phase -----------------------------------------------------------------

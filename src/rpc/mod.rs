@@ -31,6 +31,7 @@ pub mod pinq_capnp {
 
 pub mod cluster;
 pub mod refusal;
+pub mod stats;
 #[allow(
     clippy::all,
     clippy::pedantic,

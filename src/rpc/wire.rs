@@ -10,7 +10,7 @@ use capnp::{data_list, enum_list, struct_list};
 use uuid::Uuid;
 
 use super::pinq_capnp::{
-    delivery, group_stats, header, publish_message, shard_info, shard_stats, stats,
+    delivery, group_stats, header, publish_message, shard_info, shard_stats, stats, topic_stats,
     AckLevel as WireAckLevel, TagResult,
 };
 use crate::config::{AckLevel, PublishConfig};
@@ -801,7 +801,7 @@ pub fn read_topology(
 }
 
 /// Counters of one shard (see `ShardStats` in the schema for each one's meaning).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ShardStats {
     pub shard_id: u32,
     pub published: u64,
@@ -814,10 +814,12 @@ pub struct ShardStats {
     pub expired: u64,
     pub delete_failures: u64,
     pub backlog: u64,
+    pub scheduled: u64,
+    pub counted: bool,
 }
 
 /// Counters of one recipient of a topic (see `GroupStats` in the schema).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GroupStats {
     pub topic: String,
     /// Empty for the universal consumers of the topic taken together.
@@ -832,13 +834,28 @@ pub struct GroupStats {
     pub redeliveries: u64,
     pub expired: u64,
     pub dead_lettered: u64,
+    pub scheduled: u64,
+}
+
+/// Messages of one topic on its shard (see `TopicStats` in the schema).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TopicStats {
+    /// Empty for the sum of the topics a shard does not count one by one.
+    pub topic: String,
+    pub shard_id: u32,
+    pub stored: u64,
+    pub due: u64,
+    pub scheduled: u64,
+    pub in_flight: u64,
+    pub groups: u32,
 }
 
 /// The broker's counters, as `Broker.stats` returns them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Stats {
     pub shards: Vec<ShardStats>,
     pub groups: Vec<GroupStats>,
+    pub topics: Vec<TopicStats>,
 }
 
 fn write_shard_stats(mut b: shard_stats::Builder<'_>, s: &ShardStats) {
@@ -853,6 +870,8 @@ fn write_shard_stats(mut b: shard_stats::Builder<'_>, s: &ShardStats) {
     b.set_expired(s.expired);
     b.set_delete_failures(s.delete_failures);
     b.set_backlog(s.backlog);
+    b.set_scheduled(s.scheduled);
+    b.set_counted(s.counted);
 }
 
 fn write_group_stats(mut b: group_stats::Builder<'_>, g: &GroupStats) {
@@ -868,6 +887,17 @@ fn write_group_stats(mut b: group_stats::Builder<'_>, g: &GroupStats) {
     b.set_redeliveries(g.redeliveries);
     b.set_expired(g.expired);
     b.set_dead_lettered(g.dead_lettered);
+    b.set_scheduled(g.scheduled);
+}
+
+fn write_topic_stats(mut b: topic_stats::Builder<'_>, t: &TopicStats) {
+    b.set_topic(t.topic.as_str());
+    b.set_shard_id(t.shard_id);
+    b.set_stored(t.stored);
+    b.set_due(t.due);
+    b.set_scheduled(t.scheduled);
+    b.set_in_flight(t.in_flight);
+    b.set_groups(t.groups);
 }
 
 /// Fills a `Stats`.
@@ -878,9 +908,15 @@ pub fn write_stats(mut builder: stats::Builder<'_>, s: &Stats) -> Result<(), Wir
     for (i, shard) in (0u32..).zip(&s.shards) {
         write_shard_stats(shards.reborrow().get(i), shard);
     }
-    let mut groups = builder.init_groups(wire_len(s.groups.len(), Field::top("groups"))?);
+    let mut groups = builder
+        .reborrow()
+        .init_groups(wire_len(s.groups.len(), Field::top("groups"))?);
     for (i, group) in (0u32..).zip(&s.groups) {
         write_group_stats(groups.reborrow().get(i), group);
+    }
+    let mut topics = builder.init_topics(wire_len(s.topics.len(), Field::top("topics"))?);
+    for (i, topic) in (0u32..).zip(&s.topics) {
+        write_topic_stats(topics.reborrow().get(i), topic);
     }
     Ok(())
 }
@@ -902,6 +938,8 @@ pub fn read_stats(reader: stats::Reader<'_>) -> Result<Stats, WireError> {
             expired: s.get_expired(),
             delete_failures: s.get_delete_failures(),
             backlog: s.get_backlog(),
+            scheduled: s.get_scheduled(),
+            counted: s.get_counted(),
         })
         .collect();
     let list = reader.get_groups()?;
@@ -920,9 +958,27 @@ pub fn read_stats(reader: stats::Reader<'_>) -> Result<Stats, WireError> {
             redeliveries: g.get_redeliveries(),
             expired: g.get_expired(),
             dead_lettered: g.get_dead_lettered(),
+            scheduled: g.get_scheduled(),
         });
     }
-    Ok(Stats { shards, groups })
+    let list = reader.get_topics()?;
+    let mut topics = Vec::with_capacity(list.len() as usize);
+    for (i, t) in (0u32..).zip(list.iter()) {
+        topics.push(TopicStats {
+            topic: text(t.get_topic()?, Field::at("topics", i, "topic"))?.to_owned(),
+            shard_id: t.get_shard_id(),
+            stored: t.get_stored(),
+            due: t.get_due(),
+            scheduled: t.get_scheduled(),
+            in_flight: t.get_in_flight(),
+            groups: t.get_groups(),
+        });
+    }
+    Ok(Stats {
+        shards,
+        groups,
+        topics,
+    })
 }
 
 #[cfg(test)]

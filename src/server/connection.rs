@@ -648,22 +648,7 @@ impl broker::Server for BrokerImpl {
                 .call(owner, |reply| Request::Stats { reply })
                 .await
                 .map_err(|e| failed(e.to_string()))?;
-            let c = &s.counters;
-            stats.shards.push(rpc::ShardStats {
-                shard_id: owner as u32,
-                published: c.published_total,
-                dispatched: c.dispatched_total,
-                acked: c.acked_total,
-                nacked: c.nacked_total,
-                in_flight: s.in_flight as u64,
-                active_consumers: s.active_consumers as u64,
-                redeliveries: c.redeliveries_timeout_total
-                    + c.redeliveries_nack_total
-                    + c.redeliveries_disconnect_total,
-                expired: c.expired_dispatcher_total + c.expired_janitor_total,
-                delete_failures: s.delete_failures_total,
-                backlog: s.pending_copies as u64,
-            });
+            rpc::stats::add_shard(&mut stats, owner as u32, s);
         }
         rpc::write_stats(results.get().init_stats(), &stats).map_err(wire)
     }

@@ -895,6 +895,9 @@ impl Shard {
         let mut stats = self.core.borrow().stats();
         // Values the store skipped in unreadable blocks never reach the pipeline's check.
         stats.counters.unreadable_values_total += health.unreadable_values;
+        let groups = std::mem::take(&mut stats.groups);
+        stats.groups = crate::metrics::groups::bounded(groups, self.delivery.group_metrics_max);
+        stats.topics.clear(); // not exported: their cardinality is the store's
         let snapshot = ShardSnapshot {
             stats,
             histograms: self.recorder.borrow().snapshot(),

@@ -63,6 +63,10 @@ const SCAN_BATCH_LEN_LIMIT: usize = 1 << 16;
 const GROUPS_PER_TOPIC_LIMIT: usize = 1 << 20;
 const GROUPS_PER_SHARD_LIMIT: usize = 1 << 24;
 const CONSUMERS_PER_GROUP_LIMIT: usize = 1 << 20;
+/// Upper bound of `delivery.maxCountedTopics` (a counted topic costs up to a few KiB).
+const COUNTED_TOPICS_LIMIT: usize = 1 << 20;
+/// Upper bound of `delivery.maxGroupMetrics` (each is a dozen time series per scrape).
+const GROUP_METRICS_LIMIT: usize = 1 << 16;
 const MESSAGE_BYTES_LIMIT: u64 = 64 << 20;
 const BATCH_LEN_LIMIT: usize = 1_000_000;
 const BYTES_IN_FLIGHT_MIN: u64 = 64 << 10;
@@ -568,6 +572,18 @@ impl ConfigLoader {
                 raw.max_consumers_per_group,
                 d.consumers_per_group_max,
                 CONSUMERS_PER_GROUP_LIMIT,
+            )?,
+            counted_topics_max: self.count(
+                "delivery.maxCountedTopics",
+                raw.max_counted_topics,
+                d.counted_topics_max,
+                COUNTED_TOPICS_LIMIT,
+            )?,
+            group_metrics_max: self.count(
+                "delivery.maxGroupMetrics",
+                raw.max_group_metrics,
+                d.group_metrics_max,
+                GROUP_METRICS_LIMIT,
             )?,
         })
     }

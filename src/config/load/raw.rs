@@ -36,6 +36,8 @@ pub(super) struct RawDelivery {
     pub(super) max_groups_per_topic: Option<u64>,
     pub(super) max_groups_per_shard: Option<u64>,
     pub(super) max_consumers_per_group: Option<u64>,
+    pub(super) max_counted_topics: Option<u64>,
+    pub(super) max_group_metrics: Option<u64>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

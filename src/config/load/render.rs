@@ -70,6 +70,8 @@ impl Config {
              maxGroupsPerTopic = {}\n\
              maxGroupsPerShard = {}\n\
              maxConsumersPerGroup = {}\n\
+             maxCountedTopics = {}\n\
+             maxGroupMetrics = {}\n\
              \n[publish]\n\
              maxMessageBytes = {}\n\
              maxBatchMessages = {}\n\
@@ -108,6 +110,8 @@ impl Config {
             d.groups_per_topic_max,
             d.groups_per_shard_max,
             d.consumers_per_group_max,
+            d.counted_topics_max,
+            d.group_metrics_max,
             bytes(p.message_bytes_max as u64),
             p.batch_len_max,
             text(p.ack_level_min.as_str()),

@@ -84,7 +84,7 @@ fn section_keys_are_read_from_the_raw_structs() {
         assert!(section_keys(section).is_some(), "{section}");
     }
     let delivery = section_keys("delivery").unwrap();
-    assert_eq!(delivery.len(), 16);
+    assert_eq!(delivery.len(), 18);
     assert!(delivery.contains(&"maxGroupsPerTopic"));
     assert!(delivery.contains(&"inFlightTimeout"));
     assert!(delivery.contains(&"ttlSweepInterval"));
@@ -105,7 +105,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "maxSubscriptionsPerConnection"
         ]
     );
-    assert_eq!(all_keys().len(), 16 + 4 + 11 + 3 + 10);
+    assert_eq!(all_keys().len(), 18 + 4 + 11 + 3 + 10);
 }
 
 #[test]
@@ -141,6 +141,8 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
         ("delivery", "maxGroupsPerTopic", "0"),
         ("delivery", "maxGroupsPerShard", "0"),
         ("delivery", "maxConsumersPerGroup", "0"),
+        ("delivery", "maxCountedTopics", "0"),
+        ("delivery", "maxGroupMetrics", "0"),
         ("publish", "maxMessageBytes", "0"),
         ("publish", "maxBatchMessages", "0"),
         ("publish", "maxBytesInFlight", "0"),
@@ -470,6 +472,8 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_DELIVERY_MAX_GROUPS_PER_TOPIC", "3"),
         ("PINQ_DELIVERY_MAX_GROUPS_PER_SHARD", "7"),
         ("PINQ_DELIVERY_MAX_CONSUMERS_PER_GROUP", "5"),
+        ("PINQ_DELIVERY_MAX_COUNTED_TOPICS", "4096"),
+        ("PINQ_DELIVERY_MAX_GROUP_METRICS", "256"),
         ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "64KiB"),
         ("PINQ_PUBLISH_MAX_BATCH_MESSAGES", "500"),
         ("PINQ_PUBLISH_MIN_ACK_LEVEL", "durable"),
@@ -528,6 +532,8 @@ fn every_key_can_be_set_from_its_environment_variable() {
             groups_per_topic_max: 3,
             groups_per_shard_max: 7,
             consumers_per_group_max: 5,
+            counted_topics_max: 4096,
+            group_metrics_max: 256,
         },
         publish: PublishConfig {
             message_bytes_max: 64 << 10,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::transitions::ExpiredBy;
 use super::ShardCore;
 use crate::key::{self, EventKey, KeyError, TopicHash};
 use crate::message::CheckedValue;
@@ -190,8 +191,7 @@ impl ShardCore {
         }
         let topic = c.topic.clone();
         for key in expired {
-            self.counters.expired_dispatcher_total += 1;
-            self.expire(key);
+            self.expire(key, ExpiredBy::Dispatcher);
         }
         self.wake_if_blocked(&topic);
         out
@@ -213,6 +213,7 @@ impl ShardCore {
         self.tick(now_ms);
         self.settle(consumer, tags, |core, key, recipient| {
             core.counters.acked_total += 1;
+            core.hub.count(recipient, |c| c.acked += 1);
             core.inflight
                 .set_state(key, recipient, CopyState::Acked, false);
             core.complete_if_done(key);
@@ -230,6 +231,7 @@ impl ShardCore {
         let now_ms = self.tick(now_ms);
         self.settle(consumer, tags, |core, key, recipient| {
             core.counters.nacked_total += 1;
+            core.hub.count(recipient, |c| c.nacked += 1);
             core.counters.redeliveries_nack_total += 1;
             if delay_ms == 0 {
                 core.make_pending(key, recipient);

@@ -1,8 +1,9 @@
 //! Deletes: delete batches cut by the deleter and their results, and the janitor's TTL sweeps,
 //! whose expired keys join the same delete queue.
 
+use super::transitions::ExpiredBy;
 use super::ShardCore;
-use crate::key::Key;
+use crate::key::{due_bucket_bound, EventKey, Key};
 use crate::log::Command;
 use crate::message::Value;
 use crate::pipeline::deleter::DeleteBatch;
@@ -54,8 +55,11 @@ impl ShardCore {
     /// dispatcher; `wake` is set for a shell that polls `next_pass_ms`).
     pub fn on_delete_applied(&mut self, batch: &DeleteBatch) -> bool {
         self.deleter.on_applied(batch);
+        let bound = due_bucket_bound(self.now_ms, self.delivery.time_bucket_ms);
         for key in &batch.keys {
+            self.stock.on_deleted(key, bound);
             if let Some(entry) = self.inflight.remove(key) {
+                self.stock.on_retired(key);
                 if entry.deleting {
                     self.deleting_entries -= 1;
                 }
@@ -83,19 +87,37 @@ impl ShardCore {
 
     pub fn begin_sweep(&mut self, now_ms: u64) -> Option<SweepPage> {
         let now_ms = self.tick(now_ms);
-        self.janitor.begin(now_ms)
+        let page = self.janitor.begin(now_ms);
+        if page.is_some() {
+            self.stock.begin_census();
+        }
+        page
+    }
+
+    /// Counts a sweep page into the stock's census (event keys whose value names their topic).
+    fn census_page(&mut self, rows: &[(Key, Value)], now_ms: u64) {
+        let bound = due_bucket_bound(now_ms, self.delivery.time_bucket_ms);
+        for (raw, value) in rows {
+            let Ok(key) = EventKey::parse(raw) else {
+                continue;
+            };
+            if let Ok(message) = value.message() {
+                self.stock.census_row(&key, message.topic.as_str(), bound);
+            }
+            self.stock.census_through(key);
+        }
     }
 
     /// Reads one sweep page, routes expired messages to the deleter, returns the next page.
     pub fn on_sweep_page(&mut self, now_ms: u64, rows: &[(Key, Value)]) -> Option<SweepPage> {
         let now_ms = self.tick(now_ms);
+        self.census_page(rows, now_ms);
         let (expired, next) = self.janitor.on_page(rows, now_ms);
         for key in expired {
-            if self.deleter.contains(&key) {
-                continue;
-            }
-            self.counters.expired_janitor_total += 1;
-            self.expire(key);
+            self.expire(key, ExpiredBy::Janitor);
+        }
+        if next.is_none() {
+            self.stock.end_census();
         }
         next
     }
@@ -104,5 +126,6 @@ impl ShardCore {
     pub fn abort_sweep(&mut self, now_ms: u64) {
         let now_ms = self.tick(now_ms);
         self.janitor.abort(now_ms);
+        self.stock.abort_census();
     }
 }

@@ -26,6 +26,7 @@
 
 mod consumers;
 mod deletes;
+mod figures;
 mod passes;
 mod publish;
 mod transitions;
@@ -42,7 +43,10 @@ use super::dispatcher::{TopicDispatch, Unapplied};
 use super::hub::{ConsumerId, Hub, HubLimits};
 use super::inflight::InFlight;
 use super::janitor::Janitor;
+use super::stock::Stock;
 use crate::config::DeliveryConfig;
+
+pub use figures::{GroupFigures, TopicFigures};
 
 /// Counters of one shard (the metrics layer reads these).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -81,6 +85,15 @@ pub struct ShardStats {
     /// Keys not yet deleted: queued, or in delete batches not yet applied.
     pub delete_backlog: usize,
     pub pending_copies: usize,
+    /// Stored messages that are due and not dispatched, plus copies waiting for redelivery.
+    pub backlog: u64,
+    /// Stored messages not yet due.
+    pub scheduled: u64,
+    /// Whether a census of the store has completed since the shard started (before that,
+    /// messages stored before the start are missing from `backlog`, `scheduled` and topics).
+    pub counted: bool,
+    pub topics: Vec<TopicFigures>,
+    pub groups: Vec<GroupFigures>,
 }
 
 /// Capacities of the tables that grow with load (memory accounting, tests).
@@ -103,6 +116,8 @@ pub struct ShardCore {
     unapplied: Unapplied,
     deleter: Deleter,
     janitor: Janitor,
+    /// Stored, due and scheduled messages per topic (figures only).
+    stock: Stock,
     /// In-flight entries marked `deleting` (all copies done, or expired), kept so `stats` need
     /// not walk the table.
     deleting_entries: usize,
@@ -139,6 +154,7 @@ impl ShardCore {
                 delivery.scan_batch_len_max.max(1024),
                 now_ms,
             ),
+            stock: Stock::new(delivery.counted_topics_max),
             delivery,
             now_ms,
             next_event_id: 1,
@@ -179,7 +195,14 @@ impl ShardCore {
             self.deleting_entries,
             self.inflight.len()
         );
+        let (topics, groups) = self.figures();
         ShardStats {
+            backlog: topics.iter().map(|t| t.waiting).sum::<u64>()
+                + groups.iter().map(|g| g.pending).sum::<u64>(),
+            scheduled: topics.iter().map(|t| t.scheduled).sum(),
+            counted: self.stock.counted(),
+            topics,
+            groups,
             counters: self.counters.clone(),
             in_flight: self.inflight.len() - self.deleting_entries,
             active_consumers: self.hub.consumers.len(),

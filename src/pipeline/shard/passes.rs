@@ -1,6 +1,7 @@
 //! Dispatch passes: `plan_pass` (timers, retry lists, retired groups, the scans to run),
 //! `on_scan` (rows in, copies out) and when to wake next.
 
+use super::transitions::ExpiredBy;
 use super::ShardCore;
 use crate::key::{due_bucket_bound, topic_end, EventKey, Key};
 use crate::message::CheckedValue;
@@ -151,10 +152,7 @@ impl ShardCore {
             };
             match status {
                 PendingStatus::Stale => {}
-                PendingStatus::Expired => {
-                    self.counters.expired_dispatcher_total += 1;
-                    self.expire(key);
-                }
+                PendingStatus::Expired => self.expire(key, ExpiredBy::Dispatcher),
                 PendingStatus::Ready => {
                     if !self.offer(key, recipient, now_ms) {
                         return;
@@ -204,8 +202,7 @@ impl ShardCore {
                 continue; // another topic with the same hash
             }
             if message.is_expired(now_ms) {
-                self.counters.expired_dispatcher_total += 1;
-                self.deleter.mark(key);
+                self.expire(key, ExpiredBy::Dispatcher);
                 continue;
             }
             let copies = recipients.iter().map(|r| Copy::pending(*r)).collect();
@@ -218,6 +215,7 @@ impl ShardCore {
                     deleting: false,
                 },
             );
+            self.stock.on_dispatched(&key);
             for recipient in &recipients {
                 if !self.offer(key, *recipient, now_ms) {
                     if let Some(r) = self.hub.recipients.get_mut(recipient) {

@@ -72,6 +72,8 @@ impl ShardCore {
         self.counters.published_total += batch.messages.len() as u64;
         let bound = due_bucket_bound(self.now_ms, self.delivery.time_bucket_ms);
         for (key, value) in &batch.messages {
+            self.stock
+                .on_stored(key, value.message().topic.as_str(), bound);
             if let Some(topic) = self.topics.get_mut(value.message().topic.as_str()) {
                 topic.note_published(key.due_bucket());
                 if key.due_bucket() < bound {

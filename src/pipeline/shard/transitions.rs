@@ -8,6 +8,13 @@ use crate::key::EventKey;
 use crate::pipeline::hub::{Queued, RecipientId};
 use crate::pipeline::inflight::{CopyState, Entry};
 
+/// Who found an expired message (`pinq_messages_expired_total{by}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ExpiredBy {
+    Dispatcher,
+    Janitor,
+}
+
 impl ShardCore {
     /// Puts a copy back in its recipient's retry list, or forgets it if the recipient is gone.
     pub(super) fn make_pending(&mut self, key: EventKey, recipient: RecipientId) {
@@ -59,8 +66,16 @@ impl ShardCore {
         entry.value = None;
     }
 
-    /// An expired message: every copy is dropped and the key goes to the deleter.
-    pub(super) fn expire(&mut self, key: EventKey) {
+    /// An expired message: every copy is dropped and the key goes to the deleter. Counted once,
+    /// by whoever meets it first (`by`): a key already with the deleter is on its way out.
+    pub(super) fn expire(&mut self, key: EventKey, by: ExpiredBy) {
+        if self.deleter.contains(&key) {
+            return;
+        }
+        match by {
+            ExpiredBy::Dispatcher => self.counters.expired_dispatcher_total += 1,
+            ExpiredBy::Janitor => self.counters.expired_janitor_total += 1,
+        }
         let open: SmallVec<[(RecipientId, CopyState); 4]> = self
             .inflight
             .entries
@@ -74,6 +89,7 @@ impl ShardCore {
             })
             .unwrap_or_default();
         for (recipient, state) in open {
+            self.hub.count(recipient, |c| c.expired += 1);
             if let CopyState::Held { consumer, .. } = state {
                 if let Some(c) = self.hub.consumers.get_mut(&consumer) {
                     c.held.remove(&key);
@@ -110,6 +126,10 @@ impl ShardCore {
         if attempt > 1 {
             self.counters.redelivered_total += 1;
         }
+        self.hub.count(recipient, |c| {
+            c.dispatched += 1;
+            c.redeliveries += u64::from(attempt > 1);
+        });
         self.productive = true;
         true
     }

@@ -370,6 +370,8 @@ fn topology_and_stats_round_trip() {
             expired: 3,
             delete_failures: 2,
             backlog: 1,
+            scheduled: 11,
+            counted: true,
         }],
         groups: vec![GroupStats {
             topic: "orders".into(),
@@ -384,6 +386,16 @@ fn topology_and_stats_round_trip() {
             redeliveries: 8,
             expired: 9,
             dead_lettered: 10,
+            scheduled: 11,
+        }],
+        topics: vec![TopicStats {
+            topic: "orders".into(),
+            shard_id: 1,
+            stored: 12,
+            due: 13,
+            scheduled: 14,
+            in_flight: 15,
+            groups: 16,
         }],
     };
     let mut message = Builder::new_default();
