@@ -4,6 +4,7 @@
 //! and shares with every shard.
 
 pub mod auth;
+pub mod client;
 pub mod stream;
 pub mod tls;
 
