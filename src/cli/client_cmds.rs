@@ -311,9 +311,10 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
 pub fn stats(args: ServerArgs) -> anyhow::Result<()> {
     block_on("pinq-stats", move || {
         Box::pin(async move {
-            let client = Client::connect_with(args.server.as_str(), &args.connect.client_options()?)
-                .await
-                .with_context(|| format!("connecting to {}", args.server))?;
+            let client =
+                Client::connect_with(args.server.as_str(), &args.connect.client_options()?)
+                    .await
+                    .with_context(|| format!("connecting to {}", args.server))?;
             let stats = client.stats().await.context("stats")?;
             println!(
                 "{:>5} {:>12} {:>12} {:>12} {:>10} {:>10} {:>9} {:>12} {:>9} {:>8}",
@@ -351,9 +352,10 @@ pub fn stats(args: ServerArgs) -> anyhow::Result<()> {
 pub fn topology(args: ServerArgs) -> anyhow::Result<()> {
     block_on("pinq-topology", move || {
         Box::pin(async move {
-            let client = Client::connect_with(args.server.as_str(), &args.connect.client_options()?)
-                .await
-                .with_context(|| format!("connecting to {}", args.server))?;
+            let client =
+                Client::connect_with(args.server.as_str(), &args.connect.client_options()?)
+                    .await
+                    .with_context(|| format!("connecting to {}", args.server))?;
             for shard in client.topology().await.context("topology")? {
                 println!(
                     "shard {} cpu {} {}:{}",

@@ -76,7 +76,11 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
 
 fn status(args: StatusArgs) -> anyhow::Result<()> {
     let report = super::client_cmds::block_on("pinq-cluster", move || {
-        Box::pin(async move { gather(&args.server, &args.connect).await.map(|r| (r, args.json)) })
+        Box::pin(async move {
+            gather(&args.server, &args.connect)
+                .await
+                .map(|r| (r, args.json))
+        })
     })?;
     let (report, json) = report;
     if json {

@@ -124,7 +124,11 @@ impl ServeArgs {
             ("cluster.advertise", "--advertise", &self.advertise),
             ("server.tlsCertFile", "--tls-cert", &self.tls_cert),
             ("server.tlsKeyFile", "--tls-key", &self.tls_key),
-            ("server.tlsClientCaFile", "--tls-client-ca", &self.tls_client_ca),
+            (
+                "server.tlsClientCaFile",
+                "--tls-client-ca",
+                &self.tls_client_ca,
+            ),
         ];
         for (key, flag, value) in text_flags {
             if let Some(value) = value {

@@ -56,8 +56,8 @@ pub use crate::rpc::{
 };
 
 use crate::rpc::pinq_capnp::broker;
-use crate::security::client::ClientTls;
 use crate::rpc::{self, ANY_SHARD, PROTOCOL_VERSION};
+use crate::security::client::ClientTls;
 
 /// Errors of the client library.
 #[derive(Debug, thiserror::Error)]

@@ -551,9 +551,7 @@ mod tests {
             "{page}"
         );
         assert!(page.contains("pinq_refusals_total{shard=\"0\",code=\"tooManyCalls\"} 0\n"));
-        assert!(page.contains(
-            "pinq_auth_refusals_total{shard=\"1\",reason=\"unknownToken\"} 1\n"
-        ));
+        assert!(page.contains("pinq_auth_refusals_total{shard=\"1\",reason=\"unknownToken\"} 1\n"));
         assert!(page.contains("pinq_shard_healthy{shard=\"0\"} 1\n"));
         assert!(page.contains("pinq_shard_healthy{shard=\"1\"} 0\n"));
         assert!(page.contains("pinq_shard_problem{shard=\"1\",problem=\"disk_full\"} 1\n"));

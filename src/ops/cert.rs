@@ -26,7 +26,10 @@ pub fn certificate_expiry(path: &str, validity: Result<Validity, String>, now_s:
     if left_s < 0 {
         return finding(
             Level::Block,
-            format!("{path} expired {} day(s) ago: pinq serve refuses it", -left_s / DAY_S),
+            format!(
+                "{path} expired {} day(s) ago: pinq serve refuses it",
+                -left_s / DAY_S
+            ),
             Some("renew the certificate"),
         );
     }
@@ -45,7 +48,11 @@ pub fn certificate_expiry(path: &str, validity: Result<Validity, String>, now_s:
             Some("renew the certificate and restart pinq before it expires"),
         );
     }
-    finding(Level::Ok, format!("{path} valid for {days} more day(s)"), None)
+    finding(
+        Level::Ok,
+        format!("{path} valid for {days} more day(s)"),
+        None,
+    )
 }
 
 #[cfg(test)]

@@ -77,10 +77,16 @@ pub fn sha256_hex(secret: &[u8]) -> String {
 /// What a call needs a token to allow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action<'a> {
-    Publish { topic: &'a str },
-    Consume { topic: &'a str },
+    Publish {
+        topic: &'a str,
+    },
+    Consume {
+        topic: &'a str,
+    },
     /// `what` names the call (`stats`, `forgetGroup`).
-    Admin { what: &'static str },
+    Admin {
+        what: &'static str,
+    },
 }
 
 /// Why a connection or a call was refused, as counted in `pinq_auth_refusals_total{reason}`.
@@ -120,10 +126,7 @@ impl AuthReason {
     }
 
     fn index(self) -> usize {
-        AuthReason::ALL
-            .iter()
-            .position(|&r| r == self)
-            .unwrap_or(0)
+        AuthReason::ALL.iter().position(|&r| r == self).unwrap_or(0)
     }
 }
 
@@ -232,8 +235,7 @@ impl Tokens {
         if presented.is_empty() {
             return Err(Denied {
                 reason: AuthReason::MissingToken,
-                detail: "this broker requires a token in hello (auth.tokens is configured)"
-                    .into(),
+                detail: "this broker requires a token in hello (auth.tokens is configured)".into(),
             });
         }
         let unknown = Denied {
@@ -275,7 +277,13 @@ impl AuthRefusalCounts {
 mod tests {
     use super::*;
 
-    fn spec(name: &str, secret: &str, publish: &[&str], consume: &[&str], admin: bool) -> TokenSpec {
+    fn spec(
+        name: &str,
+        secret: &str,
+        publish: &[&str],
+        consume: &[&str],
+        admin: bool,
+    ) -> TokenSpec {
         TokenSpec {
             name: name.into(),
             sha256: parse_sha256_hex(&sha256_hex(secret.as_bytes())).unwrap(),
@@ -287,7 +295,13 @@ mod tests {
 
     fn tokens() -> Tokens {
         Tokens::new(&[
-            spec("billing", "s3cret", &["orders", "billing."], &["orders"], false),
+            spec(
+                "billing",
+                "s3cret",
+                &["orders", "billing."],
+                &["orders"],
+                false,
+            ),
             spec("ops", "root-token", &[], &[], true),
         ])
     }
@@ -300,7 +314,10 @@ mod tests {
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         let upper = sha256_hex(b"abc").to_ascii_uppercase();
-        assert_eq!(parse_sha256_hex(&upper), parse_sha256_hex(&sha256_hex(b"abc")));
+        assert_eq!(
+            parse_sha256_hex(&upper),
+            parse_sha256_hex(&sha256_hex(b"abc"))
+        );
         assert_eq!(parse_sha256_hex("abc"), None);
         assert_eq!(parse_sha256_hex(&"zz".repeat(32)), None);
     }
@@ -316,12 +333,18 @@ mod tests {
     #[test]
     fn a_missing_or_unknown_token_is_refused_by_reason() {
         let t = tokens();
-        assert_eq!(t.authenticate(b"").unwrap_err().reason, AuthReason::MissingToken);
+        assert_eq!(
+            t.authenticate(b"").unwrap_err().reason,
+            AuthReason::MissingToken
+        );
         let wrong = t.authenticate(b"s3cret!").unwrap_err();
         assert_eq!(wrong.reason, AuthReason::UnknownToken);
         assert!(!wrong.detail.contains("s3cret"));
         let long = vec![b'a'; TOKEN_BYTES_MAX + 1];
-        assert_eq!(t.authenticate(&long).unwrap_err().reason, AuthReason::UnknownToken);
+        assert_eq!(
+            t.authenticate(&long).unwrap_err().reason,
+            AuthReason::UnknownToken
+        );
     }
 
     #[test]
@@ -330,12 +353,22 @@ mod tests {
         assert_eq!(access.name(), Some("billing"));
         assert!(access.check(Action::Publish { topic: "orders" }).is_ok());
         assert!(access.check(Action::Publish { topic: "orders-eu" }).is_ok());
-        assert!(access.check(Action::Publish { topic: "billing.eu" }).is_ok());
-        let denied = access.check(Action::Publish { topic: "billing" }).unwrap_err();
+        assert!(access
+            .check(Action::Publish {
+                topic: "billing.eu"
+            })
+            .is_ok());
+        let denied = access
+            .check(Action::Publish { topic: "billing" })
+            .unwrap_err();
         assert_eq!(denied.reason, AuthReason::PublishForbidden);
         assert!(denied.detail.contains("\"billing\""), "{}", denied.detail);
         assert!(access.check(Action::Consume { topic: "orders" }).is_ok());
-        let denied = access.check(Action::Consume { topic: "billing.eu" }).unwrap_err();
+        let denied = access
+            .check(Action::Consume {
+                topic: "billing.eu",
+            })
+            .unwrap_err();
         assert_eq!(denied.reason, AuthReason::ConsumeForbidden);
         let denied = access.check(Action::Admin { what: "stats" }).unwrap_err();
         assert_eq!(denied.reason, AuthReason::AdminForbidden);

@@ -41,7 +41,9 @@ pub async fn accept(
     };
     let handshake = async {
         let tls = acceptor.accept(stream).await?;
-        Ok(Stream::Tls(Box::new(futures_rustls::TlsStream::Server(tls))))
+        Ok(Stream::Tls(Box::new(futures_rustls::TlsStream::Server(
+            tls,
+        ))))
     };
     within(deadline, handshake).await
 }
@@ -58,7 +60,9 @@ pub async fn connect(
     let connector = futures_rustls::TlsConnector::from(config.clone());
     let handshake = async {
         let tls = connector.connect(name, stream).await?;
-        Ok(Stream::Tls(Box::new(futures_rustls::TlsStream::Client(tls))))
+        Ok(Stream::Tls(Box::new(futures_rustls::TlsStream::Client(
+            tls,
+        ))))
     };
     within(deadline, handshake).await
 }
@@ -71,7 +75,10 @@ async fn within(
         glommio::timer::sleep(deadline).await;
         Err(io::Error::new(
             io::ErrorKind::TimedOut,
-            format!("the TLS handshake took longer than {} ms", deadline.as_millis()),
+            format!(
+                "the TLS handshake took longer than {} ms",
+                deadline.as_millis()
+            ),
         ))
     })
     .await

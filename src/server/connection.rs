@@ -318,9 +318,8 @@ impl BrokerImpl {
         let Some(access) = access.as_ref() else {
             self.shard
                 .auth_refused(Code::HelloRequired, AuthReason::HelloRequired);
-            return Err(Code::HelloRequired.error(
-                "call Broker.hello first (with the token, if the broker asks for one)",
-            ));
+            return Err(Code::HelloRequired
+                .error("call Broker.hello first (with the token, if the broker asks for one)"));
         };
         match action {
             Some(action) => access
@@ -484,7 +483,11 @@ impl broker::Server for BrokerImpl {
         *self.access.borrow_mut() = access.as_ref().ok().cloned();
         let access = access.map_err(|denied| self.denied(Code::Unauthenticated, denied))?;
         if let Some(name) = access.name() {
-            tracing::debug!(shard = self.shard.id, token = name, "connection authenticated");
+            tracing::debug!(
+                shard = self.shard.id,
+                token = name,
+                "connection authenticated"
+            );
         }
         let mut reply = results.get();
         reply.set_server_version(rpc::PROTOCOL_VERSION);
@@ -683,7 +686,10 @@ impl broker::Server for BrokerImpl {
         _: broker::TopologyParams,
         mut results: broker::TopologyResults,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-        let _call = match self.enter_call().and_then(|call| self.admit(None).map(|()| call)) {
+        let _call = match self
+            .enter_call()
+            .and_then(|call| self.admit(None).map(|()| call))
+        {
             Ok(call) => call,
             Err(e) => return std::future::ready(Err(e)),
         };
@@ -705,7 +711,10 @@ impl broker::Server for BrokerImpl {
         _: broker::ClusterStatusParams,
         mut results: broker::ClusterStatusResults,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-        let _call = match self.enter_call().and_then(|call| self.admit(None).map(|()| call)) {
+        let _call = match self
+            .enter_call()
+            .and_then(|call| self.admit(None).map(|()| call))
+        {
             Ok(call) => call,
             Err(e) => return std::future::ready(Err(e)),
         };

@@ -161,7 +161,9 @@ fn flatten_tls(
                 for (inner, value) in tls {
                     let mut chars = inner.chars();
                     let flat = match chars.next() {
-                        Some(first) => format!("tls{}{}", first.to_ascii_uppercase(), chars.as_str()),
+                        Some(first) => {
+                            format!("tls{}{}", first.to_ascii_uppercase(), chars.as_str())
+                        }
                         None => "tls".to_owned(),
                     };
                     if known_key("server", &flat).is_none() {
