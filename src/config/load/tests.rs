@@ -86,7 +86,7 @@ fn no_sources_give_the_defaults() {
 fn section_keys_are_read_from_the_raw_structs() {
     assert_eq!(
         sections(),
-        &["delivery", "publish", "server", "storage", "cluster"]
+        &["delivery", "publish", "server", "storage", "cluster", "auth"]
     );
     for section in sections() {
         assert!(section_keys(section).is_some(), "{section}");
@@ -110,10 +110,13 @@ fn section_keys_are_read_from_the_raw_structs() {
             "idleTimeout",
             "frameTimeout",
             "maxCallsInFlight",
-            "maxSubscriptionsPerConnection"
+            "maxSubscriptionsPerConnection",
+            "tlsCertFile",
+            "tlsKeyFile",
+            "tlsClientCaFile"
         ]
     );
-    assert_eq!(all_keys().len(), 16 + 4 + 11 + 3 + 10);
+    assert_eq!(all_keys().len(), 16 + 4 + 14 + 3 + 10 + 1);
 }
 
 #[test]
@@ -198,6 +201,10 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
             "cluster.raftListen",
             "cluster.peers",
             "cluster.advertise",
+            "server.tlsCertFile",
+            "server.tlsKeyFile",
+            "server.tlsClientCaFile",
+            "auth.tokens",
         ];
         // cluster.nodeId = 0 has its own message (Raft's "no node"): tested below.
         assert!(
@@ -216,7 +223,7 @@ fn unknown_key_is_rejected_naming_the_full_dotted_key_and_the_file() {
     assert_eq!(err.to_string(), "unknown key \"delivery.foo\" in test.toml");
 
     let err = error_from_toml("[server]\nlisten = \"127.0.0.1:1\"\n[server.tls]\ncert = \"x\"\n");
-    assert_names_key(&err, "server.tls");
+    assert_names_key(&err, "server.tls.cert");
 
     let err = error_from_toml("delivery.bar = 1\n");
     assert_names_key(&err, "delivery.bar");
@@ -506,9 +513,17 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_CLUSTER_LOG_RETAIN_ENTRIES", "5000"),
         ("PINQ_CLUSTER_OUTBOUND_QUEUE_MESSAGES", "128"),
         ("PINQ_CLUSTER_MAX_FRAME_BYTES", "8MiB"),
+        ("PINQ_SERVER_TLS_CERT_FILE", "/etc/pinq/server.pem"),
+        ("PINQ_SERVER_TLS_KEY_FILE", "/etc/pinq/server.key"),
+        ("PINQ_SERVER_TLS_CLIENT_CA_FILE", "/etc/pinq/ca.pem"),
     ];
-    assert_eq!(values.len(), all_keys().len());
-    for (section, key) in all_keys() {
+    // `[[auth.tokens]]` is a list of tables: only a config file sets it.
+    let keys: Vec<_> = all_keys()
+        .into_iter()
+        .filter(|&key| key != ("auth", "tokens"))
+        .collect();
+    assert_eq!(values.len(), keys.len());
+    for (section, key) in keys {
         let name = env_var_name(section, key);
         assert!(
             values.iter().any(|(var, _)| *var == name),
@@ -580,7 +595,14 @@ fn every_key_can_be_set_from_its_environment_variable() {
             outbound_queue_messages: 128,
             max_frame_bytes: 8 << 20,
         }),
-        security: SecurityConfig::default(),
+        security: SecurityConfig {
+            tls: Some(crate::security::tls::TlsFiles {
+                cert_file: PathBuf::from("/etc/pinq/server.pem"),
+                key_file: PathBuf::from("/etc/pinq/server.key"),
+                client_ca_file: Some(PathBuf::from("/etc/pinq/ca.pem")),
+            }),
+            tokens: Vec::new(),
+        },
     };
     assert_eq!(config, expected);
 }
