@@ -53,12 +53,22 @@ const consumerIdBytes :UInt32 = 16;
 interface Broker {
   # The bootstrap capability of a pinq connection.
 
-  hello @0 (clientVersion :UInt32) -> (serverVersion :UInt32, shardCount :UInt32, shardId :UInt32);
-  # Version handshake: call once, first. `clientVersion` is the `protocolVersion` the client was
-  # built against. The broker fails the call (type `failed`) if it cannot serve that version;
-  # otherwise it answers with its own `protocolVersion` (a client must stop if it does not support
-  # that one), its number of shards, and the shard whose port this connection reached
-  # (`anyShard` on the shared client port).
+  hello @0 (clientVersion :UInt32, token :Data)
+      -> (serverVersion :UInt32, shardCount :UInt32, shardId :UInt32);
+  # Version handshake: call once, first. Every other call before a successful `hello` fails
+  # (type `failed`, text `helloRequired: ...`). `clientVersion` is the `protocolVersion` the
+  # client was built against; a version the broker does not speak fails the call
+  # (`unsupportedVersion: ...`). Otherwise it answers with its own `protocolVersion` (a client
+  # must stop if it does not support that one), its number of shards, and the shard whose port
+  # this connection reached (`anyShard` on the shared client port).
+  #
+  # `token` (added after protocol version 1; old clients leave it empty): the secret bytes of
+  # an access token. When the broker is configured with tokens (`[[auth.tokens]]`), `hello`
+  # without one, or with one it does not accept, fails with `unauthenticated: ...`, and the
+  # connection can do nothing but call `hello` again. With a token, each later call is checked
+  # against its permissions (topic prefixes to publish to and to consume from, admin calls);
+  # a call outside them fails with `forbidden: ...` naming the token, the action and the topic.
+  # A broker without tokens ignores the field. Send tokens only over TLS.
 
   publish @1 (messages :List(PublishMessage), ackLevel :AckLevel)
       -> (tags :List(Data), notLeader :NotLeader);

@@ -16,6 +16,7 @@
 //! - [`cluster`]: clustered mode: the node-to-node codec and transport of Raft messages;
 //! - [`server`]: the glommio shards that drive the pipeline and serve connections;
 //! - [`rpc`]: the Cap'n Proto protocol (generated code from `schema/`);
+//! - [`security`]: TLS on the client port and tokens with permissions per topic prefix;
 //! - [`client`]: the Rust client library;
 //! - [`bench`]: `pinq bench`, the load generator and latency reports;
 //! - [`cli`]: the `pinq` command line.
@@ -34,5 +35,6 @@ pub mod metrics;
 pub mod ops;
 pub mod pipeline;
 pub mod rpc;
+pub mod security;
 pub mod server;
 pub mod storage;

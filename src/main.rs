@@ -39,7 +39,11 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench(&args),
         // Doctor's exit status is its verdict, not an error.
         Command::Doctor(args) => {
-            return ExitCode::from(pinq::ops::doctor::run(&args.cpus, &args.data_dir))
+            return ExitCode::from(pinq::ops::doctor::run(
+                &args.cpus,
+                &args.data_dir,
+                args.tls_cert.as_deref(),
+            ))
         }
     };
     match outcome {

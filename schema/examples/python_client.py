@@ -8,12 +8,19 @@ Publishes a few messages, subscribes as a member of a group, receives them throu
     cargo run --release -- serve --storage memory &        # a broker on 127.0.0.1:7400
     python3 schema/examples/python_client.py 127.0.0.1:7400
 
+A broker with TLS and tokens (README, "Security"): give the CA that signed its certificate and
+the token, as options or in the environment (PINQ_TLS_CA, PINQ_TLS_SERVER_NAME, PINQ_TOKEN):
+
+    python3 schema/examples/python_client.py broker.example:7400 \
+        --tls-ca ca.pem --token-file billing.token
+
 Exit status 0 when every published message was delivered and ACKed.
 """
 
+import argparse
 import asyncio
 import os
-import sys
+import ssl
 
 import capnp
 
@@ -33,13 +40,37 @@ class Consumer(pinq.Consumer.Server):
             await self.inbox.put((d.topic, bytes(d.payload), bytes(d.tag), d.attempt))
 
 
-async def main(addr):
-    host, port = addr.rsplit(":", 1)
-    stream = await capnp.AsyncIoStream.create_connection(host=host, port=int(port))
+def tls_context(args):
+    """An SSL context trusting --tls-ca, or None for plain TCP."""
+    if not args.tls_ca:
+        return None
+    context = ssl.create_default_context(cafile=args.tls_ca)
+    if args.tls_cert:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    return context
+
+
+def token_of(args):
+    """The token's bytes (first line of --token-file, else PINQ_TOKEN), or empty for none."""
+    if args.token_file:
+        with open(args.token_file, encoding="utf-8") as f:
+            return f.readline().strip().encode()
+    return os.environ.get("PINQ_TOKEN", "").strip().encode()
+
+
+async def main(args):
+    host, port = args.addr.rsplit(":", 1)
+    context = tls_context(args)
+    tls = {}
+    if context is not None:
+        tls = {"ssl": context, "server_hostname": args.tls_server_name or host}
+    stream = await capnp.AsyncIoStream.create_connection(host=host, port=int(port), **tls)
     client = capnp.TwoPartyClient(stream)
     broker = client.bootstrap().cast_as(pinq.Broker)
 
-    hello = await broker.hello(pinq.protocolVersion)
+    # hello comes first: the broker refuses every other call before it (helloRequired), and
+    # with tokens configured it checks the token here (unauthenticated when missing or unknown).
+    hello = await broker.hello(pinq.protocolVersion, token_of(args))
     print(f"server protocol {hello.serverVersion}, {hello.shardCount} shard(s)")
 
     topic = "python-example"
@@ -69,5 +100,18 @@ async def main(addr):
     print(f"delivered and acked {len(seen)} message(s)")
 
 
+def parse_args():
+    parser = argparse.ArgumentParser(description="A pinq client from the schema alone.")
+    parser.add_argument("addr", nargs="?", default="127.0.0.1:7400")
+    parser.add_argument("--tls-ca", default=os.environ.get("PINQ_TLS_CA"),
+                        help="speak TLS, trusting this CA (PEM)")
+    parser.add_argument("--tls-server-name", default=os.environ.get("PINQ_TLS_SERVER_NAME"),
+                        help="name on the broker's certificate (default: the host of ADDR)")
+    parser.add_argument("--tls-cert", help="client certificate (PEM), with --tls-key")
+    parser.add_argument("--tls-key", help="private key of --tls-cert (PEM)")
+    parser.add_argument("--token-file", help="file whose first line is the token (else PINQ_TOKEN)")
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
-    asyncio.run(capnp.run(main(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:7400")))
+    asyncio.run(capnp.run(main(parse_args())))

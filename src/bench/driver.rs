@@ -58,6 +58,8 @@ pub struct LoadOptions {
     /// yet delivered (0: never), so the figure is the rate the consumers sustain, with a latency
     /// that does not grow with the run's length.
     pub backlog_max: u64,
+    /// TLS and token of every connection (`--tls-ca`, `--token-file`, …).
+    pub security: crate::security::client::ClientSecurity,
 }
 
 /// Latency histograms (µs) of a thread, then of the whole run.
@@ -348,7 +350,9 @@ async fn client_thread(
     let first_topic = plan.topic(0);
     let connect = || async {
         // In a cluster the first topic's shard may be led by another node than `addr`.
-        let router = Router::connect(addr.as_str(), RouterOptions::default())
+        let mut router_options = RouterOptions::default();
+        router_options.client.security = options.security.clone();
+        let router = Router::connect(addr.as_str(), router_options)
             .await
             .with_context(|| format!("connecting to {addr}"))?;
         let client = router

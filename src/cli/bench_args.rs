@@ -31,6 +31,9 @@ pub struct BenchArgs {
     /// Drive this running broker instead of starting one.
     #[arg(long, value_name = "ADDR")]
     pub server: Option<String>,
+    /// With --server: TLS and token of the bench's connections.
+    #[command(flatten)]
+    pub connect: super::connect_args::ConnectArgs,
     /// With --server: the broker's process id, to report its CPU time and peak memory.
     #[arg(long, value_name = "PID", requires = "server")]
     pub broker_pid: Option<u32>,
@@ -181,6 +184,10 @@ impl BenchArgs {
                 ack_level: self.ack.into(),
                 drain_timeout: self.drain_timeout,
                 backlog_max: self.backlog_max,
+                security: self
+                    .connect
+                    .security()
+                    .map_err(|e| UsageError(format!("{e:#}")))?,
             },
             json: self.json.clone(),
             out_dir: self.out_dir.clone(),

@@ -20,7 +20,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 use super::UsageError;
 use std::rc::Rc;
 
-use crate::client::{Client, ClientError, Router, RouterOptions};
+use crate::client::{Client, ClientError, Router};
 use crate::config::AckLevel;
 use crate::rpc::PublishMessage;
 
@@ -56,6 +56,8 @@ pub struct PublishArgs {
     /// Broker address, e.g. 127.0.0.1:7400.
     #[arg(long, default_value = "127.0.0.1:7400")]
     pub server: String,
+    #[command(flatten)]
+    pub connect: super::connect_args::ConnectArgs,
     /// Topic to publish to.
     #[arg(long)]
     pub topic: String,
@@ -76,6 +78,8 @@ pub struct PublishArgs {
 pub struct ConsumeArgs {
     #[arg(long, default_value = "127.0.0.1:7400")]
     pub server: String,
+    #[command(flatten)]
+    pub connect: super::connect_args::ConnectArgs,
     #[arg(long)]
     pub topic: String,
     /// Consumer group (competing consumers); empty or absent: a universal (fan-out) consumer.
@@ -96,6 +100,8 @@ pub struct ConsumeArgs {
 pub struct ServerArgs {
     #[arg(long, default_value = "127.0.0.1:7400")]
     pub server: String,
+    #[command(flatten)]
+    pub connect: super::connect_args::ConnectArgs,
 }
 
 fn ms(d: Option<Duration>) -> i64 {
@@ -124,7 +130,7 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
             // Follows the topic's leader in a cluster (and across a failover); one connection
             // to a standalone broker.
             let router = Rc::new(
-                Router::connect(args.server.as_str(), RouterOptions::default())
+                Router::connect(args.server.as_str(), args.connect.router_options()?)
                     .await
                     .with_context(|| format!("connecting to {}", args.server))?,
             );
@@ -225,7 +231,7 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
             // Never take more than we may handle: a consumer that exits holding copies would
             // only delay them until its disconnect releases them.
             let queue_size = limit.min(1024) as u32;
-            let router = Router::connect(args.server.as_str(), RouterOptions::default())
+            let router = Router::connect(args.server.as_str(), args.connect.router_options()?)
                 .await
                 .with_context(|| format!("connecting to {}", args.server))?;
             let mut subscription = router
@@ -305,9 +311,10 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
 pub fn topology(args: ServerArgs) -> anyhow::Result<()> {
     block_on("pinq-topology", move || {
         Box::pin(async move {
-            let client = Client::connect(args.server.as_str())
-                .await
-                .with_context(|| format!("connecting to {}", args.server))?;
+            let client =
+                Client::connect_with(args.server.as_str(), &args.connect.client_options()?)
+                    .await
+                    .with_context(|| format!("connecting to {}", args.server))?;
             for shard in client.topology().await.context("topology")? {
                 println!(
                     "shard {} cpu {} {}:{}",

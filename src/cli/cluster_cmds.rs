@@ -29,6 +29,8 @@ pub struct StatusArgs {
     /// Any node of the cluster, e.g. 127.0.0.1:7400.
     #[arg(long, default_value = "127.0.0.1:7400")]
     pub server: String,
+    #[command(flatten)]
+    pub connect: super::connect_args::ConnectArgs,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -74,7 +76,11 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
 
 fn status(args: StatusArgs) -> anyhow::Result<()> {
     let report = super::client_cmds::block_on("pinq-cluster", move || {
-        Box::pin(async move { gather(&args.server).await.map(|r| (r, args.json)) })
+        Box::pin(async move {
+            gather(&args.server, &args.connect)
+                .await
+                .map(|r| (r, args.json))
+        })
     })?;
     let (report, json) = report;
     if json {
@@ -86,10 +92,13 @@ fn status(args: StatusArgs) -> anyhow::Result<()> {
 }
 
 /// Asks `server`, then each shard's leader, as the module docs say.
-async fn gather(server: &str) -> anyhow::Result<StatusJson> {
+async fn gather(
+    server: &str,
+    connect: &super::connect_args::ConnectArgs,
+) -> anyhow::Result<StatusJson> {
     let options = ClientOptions {
         connect_timeout: std::time::Duration::from_secs(2),
-        ..ClientOptions::default()
+        ..connect.client_options()?
     };
     let client = Client::connect_with(server, &options)
         .await

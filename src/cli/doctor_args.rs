@@ -15,4 +15,9 @@ pub struct DoctorArgs {
     /// CPUs the shards would run on, as `pinq serve --cpus` takes them.
     #[arg(long, value_name = "LIST", default_value = "all")]
     pub cpus: String,
+
+    /// The server certificate (server.tls.certFile) whose expiry to check: a warning within 14
+    /// days, an error once expired.
+    #[arg(long, value_name = "FILE", env = "PINQ_SERVER_TLS_CERT_FILE")]
+    pub tls_cert: Option<PathBuf>,
 }

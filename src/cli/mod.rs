@@ -9,6 +9,7 @@
 pub mod bench_args;
 pub mod client_cmds;
 pub mod cluster_cmds;
+pub mod connect_args;
 pub mod doctor_args;
 pub mod serve_args;
 pub mod stats_cmds;

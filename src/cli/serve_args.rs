@@ -31,6 +31,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
 
+    /// Serve TLS with this PEM certificate chain, server.tls.certFile [default: plain TCP].
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<String>,
+
+    /// The private key of --tls-cert (PEM), server.tls.keyFile.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<String>,
+
+    /// Require client certificates signed by this CA (PEM), server.tls.clientCaFile.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<String>,
+
     /// CPUs to run one pinned shard on each, as a list like 0-3,8 or "all", server.cpus
     /// [default: all].
     #[arg(long, value_name = "LIST")]
@@ -110,6 +122,13 @@ impl ServeArgs {
             ("cluster.raftListen", "--raft-listen", &self.raft_listen),
             ("cluster.peers", "--peers", &self.peers),
             ("cluster.advertise", "--advertise", &self.advertise),
+            ("server.tlsCertFile", "--tls-cert", &self.tls_cert),
+            ("server.tlsKeyFile", "--tls-key", &self.tls_key),
+            (
+                "server.tlsClientCaFile",
+                "--tls-client-ca",
+                &self.tls_client_ca,
+            ),
         ];
         for (key, flag, value) in text_flags {
             if let Some(value) = value {

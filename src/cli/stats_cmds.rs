@@ -8,6 +8,7 @@
 use anyhow::Context;
 
 use super::client_cmds::block_on;
+use super::connect_args::ConnectArgs;
 use crate::client::Client;
 use crate::rpc::{GroupStats, Stats};
 
@@ -19,6 +20,8 @@ pub struct StatsArgs {
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
 }
 
 /// Arguments of `pinq groups`.
@@ -32,10 +35,12 @@ pub struct GroupsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
 }
 
 pub fn stats(args: StatsArgs) -> anyhow::Result<()> {
-    let stats = fetch(&args.server)?;
+    let stats = fetch(&args.server, &args.connect)?;
     if args.json {
         return print_json(&stats);
     }
@@ -81,7 +86,7 @@ pub fn stats(args: StatsArgs) -> anyhow::Result<()> {
 }
 
 pub fn topics(args: StatsArgs) -> anyhow::Result<()> {
-    let stats = fetch(&args.server)?;
+    let stats = fetch(&args.server, &args.connect)?;
     if args.json {
         return print_json(&stats.topics);
     }
@@ -113,7 +118,7 @@ pub fn topics(args: StatsArgs) -> anyhow::Result<()> {
 }
 
 pub fn groups(args: GroupsArgs) -> anyhow::Result<()> {
-    let stats = fetch(&args.server)?;
+    let stats = fetch(&args.server, &args.connect)?;
     let groups: Vec<&GroupStats> = stats
         .groups
         .iter()
@@ -126,11 +131,12 @@ pub fn groups(args: GroupsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fetch(server: &str) -> anyhow::Result<Stats> {
+fn fetch(server: &str, connect: &ConnectArgs) -> anyhow::Result<Stats> {
     let server = server.to_owned();
+    let options = connect.client_options()?;
     block_on("pinq-stats", move || {
         Box::pin(async move {
-            let client = Client::connect(server.as_str())
+            let client = Client::connect_with(server.as_str(), &options)
                 .await
                 .with_context(|| format!("connecting to {server}"))?;
             client.stats().await.context("stats")

@@ -57,6 +57,7 @@ pub use crate::rpc::{
 
 use crate::rpc::pinq_capnp::broker;
 use crate::rpc::{self, ANY_SHARD, PROTOCOL_VERSION};
+use crate::security::client::ClientTls;
 
 /// Errors of the client library.
 #[derive(Debug, thiserror::Error)]
@@ -198,6 +199,8 @@ pub struct ClientOptions {
     /// Largest message accepted from the broker, in bytes (a bound on memory, not a protocol
     /// limit): delivery batches must fit in it.
     pub receive_message_bytes_max: usize,
+    /// TLS (`--tls-ca`, …) and the token presented in `hello`; default: plain TCP, no token.
+    pub security: crate::security::client::ClientSecurity,
 }
 
 impl Default for ClientOptions {
@@ -206,6 +209,7 @@ impl Default for ClientOptions {
             connect_timeout: Duration::from_secs(10),
             io_buffer_bytes: 64 * 1024,
             receive_message_bytes_max: 256 * 1024 * 1024,
+            security: Default::default(),
         }
     }
 }
@@ -218,6 +222,8 @@ struct Connection {
     broker: broker::Client,
     server: ServerInfo,
     options: ClientOptions,
+    /// The host name this connection's TLS certificate was checked against.
+    tls_name: String,
     /// Closes the connection gracefully when awaited (capnp-rpc's `Disconnector`, which it does
     /// not export by name).
     disconnector: RefCell<Option<Closing>>,
@@ -267,7 +273,7 @@ impl Client {
             match TcpStream::connect_timeout(candidate, options.connect_timeout.max(MIN_TIMEOUT))
                 .await
             {
-                Ok(stream) => return Client::over(stream, options).await,
+                Ok(stream) => return Client::over(stream, &name, options).await,
                 Err(e) => last_error = e.into(),
             }
         }
@@ -277,8 +283,14 @@ impl Client {
         })
     }
 
-    /// Runs the protocol over an established stream and does the handshake.
-    async fn over(stream: TcpStream, options: &ClientOptions) -> Result<Client, ClientError> {
+    /// Runs the protocol over an established stream (through TLS when configured; `name` is
+    /// the address asked for, whose host the broker's certificate must name) and does the
+    /// handshake.
+    async fn over(
+        stream: TcpStream,
+        name: &str,
+        options: &ClientOptions,
+    ) -> Result<Client, ClientError> {
         let peer = stream
             .peer_addr()
             .map(|a| a.to_string())
@@ -288,6 +300,23 @@ impl Client {
             addr: peer.clone(),
             source: e.into(),
         })?;
+        let tls = match &options.security.tls {
+            None => None,
+            Some(tls) => {
+                let server_name = tls.name_for(name).map_err(|e| ClientError::Connect {
+                    addr: peer.clone(),
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+                })?;
+                Some((&tls.config, server_name))
+            }
+        };
+        let deadline = options.connect_timeout.max(MIN_TIMEOUT);
+        let stream = crate::security::stream::connect(tls, stream, deadline)
+            .await
+            .map_err(|source| ClientError::Connect {
+                addr: peer.clone(),
+                source,
+            })?;
         let (reader, writer) = futures_lite::io::split(stream);
         let buffer = options.io_buffer_bytes.max(4096);
         let mut reader_options = ReaderOptions::new();
@@ -305,6 +334,9 @@ impl Client {
 
         let mut request = broker.hello_request();
         request.get().set_client_version(PROTOCOL_VERSION);
+        if let Some(token) = &options.security.token {
+            request.get().set_token(token.secret());
+        }
         let reply = request
             .send()
             .promise
@@ -327,6 +359,13 @@ impl Client {
                 broker,
                 server,
                 options: options.clone(),
+                tls_name: match &options.security.tls {
+                    Some(ClientTls {
+                        server_name: Some(n),
+                        ..
+                    }) => n.clone(),
+                    _ => crate::security::client::host_of(name).to_owned(),
+                },
                 disconnector: RefCell::new(Some(Box::pin(disconnector))),
                 _rpc_task: rpc_task,
             }),
@@ -362,7 +401,15 @@ impl Client {
         } else {
             format!("{}:{}", shard.host, shard.port)
         };
-        Client::connect_with(addr.as_str(), &self.conn.options).await
+        // The owner's address is an IP from the topology: its certificate is checked against
+        // the name this client first connected with.
+        let mut options = self.conn.options.clone();
+        if let Some(tls) = &mut options.security.tls {
+            if tls.server_name.is_none() {
+                tls.server_name = Some(self.conn.tls_name.clone());
+            }
+        }
+        Client::connect_with(addr.as_str(), &options).await
     }
 
     /// The raw `Broker` capability, for calls this library does not wrap.

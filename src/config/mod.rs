@@ -29,6 +29,18 @@ pub struct Config {
     pub storage: StorageConfig,
     /// `[cluster]`: `None` (no `cluster.nodeId`) runs pinq standalone, exactly as without Raft.
     pub cluster: Option<ClusterConfig>,
+    /// `[server.tls]` and `[[auth.tokens]]`.
+    pub security: SecurityConfig,
+}
+
+/// TLS on the client ports and the tokens clients must present (`crate::security`). The
+/// default is plain TCP and no token: anyone who reaches the port may do everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SecurityConfig {
+    /// `[server.tls]`; `None` (no `certFile`) serves plain TCP.
+    pub tls: Option<crate::security::tls::TlsFiles>,
+    /// `[[auth.tokens]]`; empty: no token is asked for.
+    pub tokens: Vec<crate::security::auth::TokenSpec>,
 }
 
 /// Delivery pipeline settings (`[delivery]` in TOML).

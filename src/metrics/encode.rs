@@ -402,6 +402,19 @@ fn encode_health(
         }
     }
     let mut family = encoder.encode_descriptor(
+        "pinq_auth_refusals",
+        "Connections and calls refused by authentication (missing or unknown token, no hello) or by a token's permissions, by reason.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (shard, snap) in shards {
+        for reason in crate::security::auth::AuthReason::ALL {
+            family
+                .encode_family(&[("shard", shard.as_str()), ("reason", reason.name())])?
+                .encode_counter::<NoLabelSet, _, u64>(&snap.auth_refusals.get(reason), None)?;
+        }
+    }
+    let mut family = encoder.encode_descriptor(
         "pinq_shard_healthy",
         "1 while the shard serves without problems, 0 otherwise (see pinq_shard_problem and /healthz).",
         None,
@@ -537,6 +550,8 @@ mod tests {
         let slots = MetricsSlots::new(2);
         let mut sick = snapshot(1);
         sick.refusals.add(Code::TooManyCalls);
+        sick.auth_refusals
+            .add(crate::security::auth::AuthReason::UnknownToken);
         sick.problems
             .push(Problem::DiskFull("wal-1: No space left".into()));
         slots.publish(0, snapshot(1));
@@ -547,6 +562,7 @@ mod tests {
             "{page}"
         );
         assert!(page.contains("pinq_refusals_total{shard=\"0\",code=\"tooManyCalls\"} 0\n"));
+        assert!(page.contains("pinq_auth_refusals_total{shard=\"1\",reason=\"unknownToken\"} 1\n"));
         assert!(page.contains("pinq_shard_healthy{shard=\"0\"} 1\n"));
         assert!(page.contains("pinq_shard_healthy{shard=\"1\"} 0\n"));
         assert!(page.contains("pinq_shard_problem{shard=\"1\",problem=\"disk_full\"} 1\n"));

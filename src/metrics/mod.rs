@@ -276,6 +276,8 @@ pub struct ShardSnapshot {
     pub problems: Vec<Problem>,
     /// Refusals of client requests by code (`pinq_refusals_total`).
     pub refusals: crate::rpc::refusal::RefusalCounts,
+    /// Refusals of the permission model by reason (`pinq_auth_refusals_total`).
+    pub auth_refusals: crate::security::auth::AuthRefusalCounts,
     pub histograms: RecorderSnapshot,
     /// `None` for engines without figures (the in-memory store): nothing is exported then.
     pub storage: Option<StorageFigures>,

@@ -95,9 +95,22 @@ pub fn inspect(cpus_text: &str, data_dir: &Path) -> Vec<Finding> {
     findings
 }
 
-/// `pinq doctor`: prints the report to stdout and returns the exit status.
-pub fn run(cpus_text: &str, data_dir: &Path) -> u8 {
-    let findings = inspect(cpus_text, data_dir);
+/// The expiry of the server certificate at `path` (its first certificate), judged now.
+pub fn tls_certificate(path: &Path) -> Finding {
+    let shown = path.display().to_string();
+    let validity = crate::security::tls::load_certs(path)
+        .and_then(|certs| crate::security::tls::validity(path, &certs[0]))
+        .map_err(|e| e.to_string());
+    super::cert::certificate_expiry(&shown, validity, crate::security::tls::unix_now_s())
+}
+
+/// `pinq doctor`: prints the report to stdout and returns the exit status. `tls_cert` is the
+/// server certificate when TLS is configured.
+pub fn run(cpus_text: &str, data_dir: &Path, tls_cert: Option<&Path>) -> u8 {
+    let mut findings = inspect(cpus_text, data_dir);
+    if let Some(path) = tls_cert {
+        findings.push(tls_certificate(path));
+    }
     print!("{}", checks::render(&findings));
     checks::exit_code(&findings)
 }

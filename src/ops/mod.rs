@@ -2,6 +2,7 @@
 //!
 //! Pure cores apart from the I/O, as everywhere in pinq:
 //! - [`parse`]: the text of `/sys` and `/proc` files → values (pure, tested on fixtures);
+//! - [`cert`]: the TLS certificate's expiry (pure);
 //! - [`checks`]: facts → findings with what to change, the exit status, the report (pure);
 //! - [`numa`]: choosing the CPUs of one node (pure) and reading the nodes;
 //! - [`host`]: the only place that reads the host (files, `io_uring_setup`, an O_DIRECT probe);
@@ -12,6 +13,7 @@
 //! Nothing here runs on a shard: doctor is its own subcommand, and NUMA placement runs once before
 //! the shards start.
 
+pub mod cert;
 pub mod checks;
 pub mod doctor;
 pub mod host;

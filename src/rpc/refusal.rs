@@ -30,11 +30,21 @@ pub enum Code {
     TooManyConsumers,
     /// The shard's disk is full: writes are refused until space returns (reads go on).
     DiskFull,
+    /// Tokens are configured (`auth.tokens`) and `hello` carried none, or one the broker does
+    /// not accept. The text never says which part of a token was wrong.
+    Unauthenticated,
+    /// The connection's token does not allow the call; the text names the token, the action
+    /// and the topic.
+    Forbidden,
+    /// A call came before a successful `Broker.hello`.
+    HelloRequired,
+    /// `hello` carried a `clientVersion` this broker does not speak.
+    UnsupportedVersion,
 }
 
 impl Code {
     /// Every code, in the order [`RefusalCounts`] keeps them.
-    pub const ALL: [Code; 7] = [
+    pub const ALL: [Code; 11] = [
         Code::TooManyConnections,
         Code::TooManyCalls,
         Code::TooManySubscriptions,
@@ -42,6 +52,10 @@ impl Code {
         Code::TooManyGroups,
         Code::TooManyConsumers,
         Code::DiskFull,
+        Code::Unauthenticated,
+        Code::Forbidden,
+        Code::HelloRequired,
+        Code::UnsupportedVersion,
     ];
 
     /// The code as it appears on the wire and in the metric's label.
@@ -54,6 +68,10 @@ impl Code {
             Code::TooManyGroups => "tooManyGroups",
             Code::TooManyConsumers => "tooManyConsumers",
             Code::DiskFull => "diskFull",
+            Code::Unauthenticated => "unauthenticated",
+            Code::Forbidden => "forbidden",
+            Code::HelloRequired => "helloRequired",
+            Code::UnsupportedVersion => "unsupportedVersion",
         }
     }
 

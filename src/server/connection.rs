@@ -12,6 +12,12 @@
 //! `server.maxCallsInFlight`, every subscription one among `server.maxSubscriptionsPerConnection`,
 //! and a publish takes its bytes from this shard's `publish.maxBytesInFlight` budget. A connection
 //! beyond `server.maxConnections` is served by [`refuse`] instead.
+//!
+//! With `[server.tls]` the TLS handshake comes first, within `server.frameTimeout`
+//! (`crate::security::stream`); a failed handshake closes the connection. `hello` must be the
+//! first call: every other call before it is refused (`helloRequired`), and with tokens
+//! configured `hello` authenticates the connection, whose token every later call is checked
+//! against (`crate::security::auth`).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -38,6 +44,8 @@ use crate::pipeline::{self, ConsumerId, TagResult};
 use crate::rpc::pinq_capnp::{broker, consumer, subscription, TagResult as WireTagResult};
 use crate::rpc::refusal::Code;
 use crate::rpc::{self, OutgoingDelivery, PublishLimits, SettleTags, WireError};
+use crate::security::auth::{Access, Action, AuthReason, Denied};
+use crate::security::stream::{self, Stream};
 
 /// Deliveries per `deliver` call.
 const DELIVER_BATCH_MAX: usize = 256;
@@ -54,6 +62,15 @@ pub async fn serve(
 ) {
     let _ = stream.set_nodelay(true);
     let peer = peer_of(&stream);
+    let handshake_deadline = std::time::Duration::from_millis(edge.client.frame_timeout_ms);
+    let stream =
+        match stream::accept(topology.security.tls.as_ref(), stream, handshake_deadline).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(shard = shard.id, peer, "TLS handshake failed, closed: {e}");
+                return;
+            }
+        };
     let progress = Rc::new(ReadProgress::default());
     let (reader, writer) = futures_lite::io::split(stream);
     let network = twoparty::VatNetwork::new(
@@ -73,6 +90,7 @@ pub async fn serve(
         own_port,
         conn: conn.clone(),
         edge: edge.clone(),
+        access: RefCell::new(None),
     });
     let rpc = RpcSystem::new(Box::new(network), Some(broker.client));
     let ended = futures_lite::future::or(
@@ -133,7 +151,12 @@ async fn watch(progress: &ReadProgress, conn: &ConnectionUse) -> String {
 /// and the connection closes after the first answer or [`limits::REFUSED_CONNECTION_LINGER`],
 /// whichever comes first. Counted once per connection. When this shard is already answering
 /// [`limits::REFUSING_CONNECTIONS_MAX`] of them, the connection is closed at once.
-pub fn refuse(shard: Rc<Shard>, edge: Rc<EdgeLimits>, stream: TcpStream) {
+pub fn refuse(
+    shard: Rc<Shard>,
+    edge: Rc<EdgeLimits>,
+    tls: Option<futures_rustls::TlsAcceptor>,
+    stream: TcpStream,
+) {
     shard.refused(Code::TooManyConnections);
     if edge.refusing.get() >= limits::REFUSING_CONNECTIONS_MAX {
         return;
@@ -146,6 +169,14 @@ pub fn refuse(shard: Rc<Shard>, edge: Rc<EdgeLimits>, stream: TcpStream) {
             edge.connections.max()
         );
         let (answered, first_answer) = futures_channel::oneshot::channel();
+        let stream: Stream =
+            match stream::accept(tls.as_ref(), stream, limits::REFUSED_CONNECTION_LINGER).await {
+                Ok(stream) => stream,
+                Err(_) => {
+                    edge.refusing.set(edge.refusing.get().saturating_sub(1));
+                    return;
+                }
+            };
         let (reader, writer) = futures_lite::io::split(stream);
         let network = twoparty::VatNetwork::new(
             // A refused connection needs nothing larger than a small call.
@@ -260,6 +291,8 @@ struct BrokerImpl {
     own_port: bool,
     conn: Rc<ConnectionUse>,
     edge: Rc<EdgeLimits>,
+    /// What the connection may do; `None` until a successful `hello`.
+    access: RefCell<Option<Access>>,
 }
 
 /// A place among the connection's `server.maxCallsInFlight`, or the refusal (counted).
@@ -276,6 +309,29 @@ fn enter_call(shard: &Shard, conn: &Rc<ConnectionUse>) -> Result<CallSlot, capnp
 impl BrokerImpl {
     fn enter_call(&self) -> Result<CallSlot, capnp::Error> {
         enter_call(&self.shard, &self.conn)
+    }
+
+    /// Whether the connection may make a call needing `action` (`None`: any call after a
+    /// successful `hello`); the refusal is counted and names what was refused.
+    fn admit(&self, action: Option<Action<'_>>) -> Result<(), capnp::Error> {
+        let access = self.access.borrow();
+        let Some(access) = access.as_ref() else {
+            self.shard
+                .auth_refused(Code::HelloRequired, AuthReason::HelloRequired);
+            return Err(Code::HelloRequired
+                .error("call Broker.hello first (with the token, if the broker asks for one)"));
+        };
+        match action {
+            Some(action) => access
+                .check(action)
+                .map_err(|denied| self.denied(Code::Forbidden, denied)),
+            None => Ok(()),
+        }
+    }
+
+    fn denied(&self, code: Code, denied: Denied) -> capnp::Error {
+        self.shard.auth_refused(code, denied.reason);
+        code.error(denied.detail)
     }
 
     /// Takes a publish's bytes from this shard's budget, waiting up to [`limits::PUBLISH_ROOM_WAIT`] for room.
@@ -408,9 +464,30 @@ impl broker::Server for BrokerImpl {
         mut results: broker::HelloResults,
     ) -> Result<(), capnp::Error> {
         let _call = self.enter_call()?;
-        let client_version = params.get()?.get_client_version();
-        if client_version == 0 {
-            return Err(failed("hello: clientVersion 0 is not a version"));
+        let params = params.get()?;
+        let client_version = params.get_client_version();
+        if !(1..=rpc::PROTOCOL_VERSION).contains(&client_version) {
+            self.shard.refused(Code::UnsupportedVersion);
+            return Err(Code::UnsupportedVersion.error(format!(
+                "hello: this broker speaks protocol versions 1 to {}, not clientVersion {client_version}",
+                rpc::PROTOCOL_VERSION
+            )));
+        }
+        let token = if params.has_token() {
+            params.get_token()?
+        } else {
+            &[]
+        };
+        // A failed hello leaves the connection unauthenticated, whatever an earlier one gave.
+        let access = self.topology.security.tokens.authenticate(token);
+        *self.access.borrow_mut() = access.as_ref().ok().cloned();
+        let access = access.map_err(|denied| self.denied(Code::Unauthenticated, denied))?;
+        if let Some(name) = access.name() {
+            tracing::debug!(
+                shard = self.shard.id,
+                token = name,
+                "connection authenticated"
+            );
         }
         let mut reply = results.get();
         reply.set_server_version(rpc::PROTOCOL_VERSION);
@@ -429,12 +506,18 @@ impl broker::Server for BrokerImpl {
         mut results: broker::PublishResults,
     ) -> Result<(), capnp::Error> {
         let _call = self.enter_call()?;
+        self.admit(None)?;
         let (parts, len, bytes) = {
             let params = params.get()?;
             let ack = rpc::read_ack_level(params.get_ack_level()).map_err(wire)?;
             let limits = PublishLimits::from(&self.topology.publish);
             let messages =
                 rpc::read_publish_batch(params.get_messages()?, &limits).map_err(wire)?;
+            for message in &messages {
+                self.admit(Some(Action::Publish {
+                    topic: message.topic,
+                }))?;
+            }
             let parts =
                 ValidatedBatch::split(&messages, ack, &self.topology.publish, self.shard.count)
                     .map_err(publish_refused)?;
@@ -502,6 +585,7 @@ impl broker::Server for BrokerImpl {
         mut results: broker::SubscribeResults,
     ) -> Result<(), capnp::Error> {
         let _call = self.enter_call()?;
+        self.admit(None)?;
         let slot = self.conn.try_subscribe().ok_or_else(|| {
             self.shard.refused(Code::TooManySubscriptions);
             Code::TooManySubscriptions.error(format!(
@@ -529,6 +613,7 @@ impl broker::Server for BrokerImpl {
             )
         };
         crate::key::validate_topic(&topic).map_err(|e| failed(format!("subscribe: topic: {e}")))?;
+        self.admit(Some(Action::Consume { topic: &topic }))?;
         if group.len() > crate::key::TOPIC_LEN_MAX {
             return Err(failed(format!(
                 "subscribe: group is {} bytes, the limit is 255",
@@ -601,7 +686,10 @@ impl broker::Server for BrokerImpl {
         _: broker::TopologyParams,
         mut results: broker::TopologyResults,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-        let _call = match self.enter_call() {
+        let _call = match self
+            .enter_call()
+            .and_then(|call| self.admit(None).map(|()| call))
+        {
             Ok(call) => call,
             Err(e) => return std::future::ready(Err(e)),
         };
@@ -623,7 +711,10 @@ impl broker::Server for BrokerImpl {
         _: broker::ClusterStatusParams,
         mut results: broker::ClusterStatusResults,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
-        let _call = match self.enter_call() {
+        let _call = match self
+            .enter_call()
+            .and_then(|call| self.admit(None).map(|()| call))
+        {
             Ok(call) => call,
             Err(e) => return std::future::ready(Err(e)),
         };
@@ -641,6 +732,7 @@ impl broker::Server for BrokerImpl {
         mut results: broker::StatsResults,
     ) -> Result<(), capnp::Error> {
         let _call = self.enter_call()?;
+        self.admit(Some(Action::Admin { what: "stats" }))?;
         let mut stats = rpc::Stats::default();
         for owner in 0..self.shard.count {
             let s = self
@@ -659,6 +751,9 @@ impl broker::Server for BrokerImpl {
         _: broker::ForgetGroupResults,
     ) -> Result<(), capnp::Error> {
         let _call = self.enter_call()?;
+        self.admit(Some(Action::Admin {
+            what: "forgetGroup",
+        }))?;
         let (topic, group) = {
             let params = params.get()?;
             let topic = params

@@ -48,6 +48,8 @@ pub const MESH_CHANNEL_LEN: usize = 1024;
 #[derive(Clone)]
 pub struct Topology {
     pub publish: PublishConfig,
+    /// TLS and tokens, built once at start-up.
+    pub security: crate::security::Security,
     shards: Arc<Mutex<Vec<ShardInfo>>>,
 }
 
@@ -100,6 +102,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         StorageEngine::Memory => None,
         _ => Some(exclusive::lock_data_dir(&config.server.data_dir)?),
     };
+    // Every TLS file is read and checked before anything listens: a bad one stops start-up.
+    let security = crate::security::Security::from_config(&config.security)?;
     ensure_ports_free(&config)?;
     let listen = resolve_port(config.server.listen)?;
     let ops = Ops {
@@ -134,6 +138,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let topology = Topology {
         publish: config.publish.clone(),
+        security,
         shards: Arc::new(Mutex::new(Vec::new())),
     };
     let connections = ConnectionCount::new(config.server.client.connections_max);
@@ -521,7 +526,8 @@ async fn accept_loop(
             Ok(stream) => {
                 backoff.succeeded();
                 let Some(slot) = edge.connections.try_open() else {
-                    connection::refuse(shard.clone(), edge.clone(), stream);
+                    let tls = topology.security.tls.clone();
+                    connection::refuse(shard.clone(), edge.clone(), tls, stream);
                     continue;
                 };
                 glommio::spawn_local(connection::serve(

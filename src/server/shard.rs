@@ -145,6 +145,7 @@ pub struct Shard {
     pub transport: RefCell<Option<Rc<crate::cluster::transport::Transport>>>,
     /// Client requests refused by this shard, by code.
     refusals: Cell<RefusalCounts>,
+    auth_refusals: Cell<crate::security::auth::AuthRefusalCounts>,
     /// Rate limits of the loops' repeated store-error lines, by site.
     error_logs: RefCell<AHashMap<&'static str, RateLimit>>,
 }
@@ -184,6 +185,7 @@ impl Shard {
             core_epoch: Cell::new(0),
             transport: RefCell::new(None),
             refusals: Cell::new(RefusalCounts::default()),
+            auth_refusals: Cell::new(Default::default()),
             error_logs: RefCell::new(AHashMap::new()),
         }
     }
@@ -905,6 +907,7 @@ impl Shard {
             raft: self.replicated().map(|r| r.raft_figures()),
             problems: self.problems(health),
             refusals: self.refusals.get(),
+            auth_refusals: self.auth_refusals.get(),
         };
         slots.publish(self.id, snapshot);
     }
@@ -931,6 +934,15 @@ impl Shard {
         let mut counts = self.refusals.get();
         counts.add(code);
         self.refusals.set(counts);
+    }
+
+    /// Counts a refusal of the permission model, by code (`pinq_refusals_total{code}`) and by
+    /// reason (`pinq_auth_refusals_total{reason}`).
+    pub fn auth_refused(&self, code: Code, reason: crate::security::auth::AuthReason) {
+        self.refused(code);
+        let mut counts = self.auth_refusals.get();
+        counts.add(reason);
+        self.auth_refusals.set(counts);
     }
 
     /// Graceful shutdown of this shard, once its listeners are closed: refuses new publishes,

@@ -25,9 +25,13 @@ use std::time::Duration;
 
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
+use crate::security::auth::{parse_sha256_hex, TokenSpec, TOKENS_MAX};
+use crate::security::tls::TlsFiles;
+
 use super::{
     format_byte_size, online_cpus, parse_byte_size, AckLevel, ClientLimits, Config, CpuList,
-    DeliveryConfig, NumaMode, PublishConfig, ServerConfig, StorageConfig, StorageEngine,
+    DeliveryConfig, NumaMode, PublishConfig, SecurityConfig, ServerConfig, StorageConfig,
+    StorageEngine,
 };
 
 mod cluster;
@@ -146,6 +150,42 @@ impl ConfigError {
     }
 }
 
+/// `[server.tls]` as the flat keys `server.tlsCertFile`, `server.tlsKeyFile`,
+/// `server.tlsClientCaFile`; other entries pass through. An unknown key inside it is refused
+/// with its dotted name (`server.tls.certfile`).
+fn flatten_tls(
+    section: &str,
+    entries: toml::Table,
+    origin: &Origin,
+) -> Result<Vec<(String, toml::Value)>, ConfigError> {
+    let mut out = Vec::with_capacity(entries.len());
+    for (key, value) in entries {
+        match (section, key.as_str(), value) {
+            ("server", "tls", toml::Value::Table(tls)) => {
+                for (inner, value) in tls {
+                    let mut chars = inner.chars();
+                    let flat = match chars.next() {
+                        Some(first) => {
+                            format!("tls{}{}", first.to_ascii_uppercase(), chars.as_str())
+                        }
+                        None => "tls".to_owned(),
+                    };
+                    if known_key("server", &flat).is_none() {
+                        return Err(ConfigError::UnknownKey {
+                            key: format!("server.tls.{inner}"),
+                            origin: origin.clone(),
+                            hint: " (server.tls takes certFile, keyFile, clientCaFile)".into(),
+                        });
+                    }
+                    out.push((flat, value));
+                }
+            }
+            (_, _, value) => out.push((key, value)),
+        }
+    }
+    Ok(out)
+}
+
 // ---------------------------------------------------------------------------------------------
 // The loader.
 
@@ -228,7 +268,7 @@ impl ConfigLoader {
                     origin,
                 });
             };
-            for (key_name, value) in entries {
+            for (key_name, value) in flatten_tls(section, entries, &origin)? {
                 let Some((section, key)) = known_key(section, &key_name) else {
                     let candidates = section_keys(section)
                         .unwrap_or(&[])
@@ -323,6 +363,7 @@ impl ConfigLoader {
         let raw = self.raw()?;
         let delivery = self.delivery(raw.delivery)?;
         let publish = self.publish(raw.publish)?;
+        let tls = self.tls(&raw.server)?;
         let server = self.server(raw.server)?;
         let storage = self.storage(raw.storage)?;
         let cluster = self.cluster(raw.cluster, &server, &publish)?;
@@ -332,6 +373,10 @@ impl ConfigLoader {
             server,
             storage,
             cluster,
+            security: SecurityConfig {
+                tls,
+                tokens: self.tokens(raw.auth)?,
+            },
         };
         self.check_across_keys(&config)?;
         Ok(config)
@@ -691,6 +736,81 @@ impl ConfigLoader {
             numa,
             client: self.client_limits(&raw_limits)?,
         })
+    }
+
+    /// `[server.tls]`: both files or neither; a client CA only with them. The files are read
+    /// and checked when the server starts (`crate::security::tls`), not here.
+    fn tls(&self, raw: &RawServer) -> Result<Option<TlsFiles>, ConfigError> {
+        let path = |value: &Option<String>| {
+            value
+                .as_deref()
+                .map(str::trim)
+                .filter(|text| !text.is_empty())
+                .map(PathBuf::from)
+        };
+        let cert_file = path(&raw.tls_cert_file);
+        let key_file = path(&raw.tls_key_file);
+        let client_ca_file = path(&raw.tls_client_ca_file);
+        match (cert_file, key_file) {
+            (None, None) if client_ca_file.is_some() => Err(self.invalid(
+                "server.tlsClientCaFile",
+                "needs server.tls.certFile and keyFile (client certificates are checked over TLS)",
+            )),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(self.invalid(
+                "server.tlsCertFile",
+                "needs server.tls.keyFile, the certificate's private key",
+            )),
+            (None, Some(_)) => Err(self.invalid(
+                "server.tlsKeyFile",
+                "needs server.tls.certFile, the certificate of this key",
+            )),
+            (Some(cert_file), Some(key_file)) => Ok(Some(TlsFiles {
+                cert_file,
+                key_file,
+                client_ca_file,
+            })),
+        }
+    }
+
+    /// `[[auth.tokens]]`: every entry named (uniquely), with a 64-digit hex SHA-256.
+    fn tokens(&self, raw: RawAuth) -> Result<Vec<TokenSpec>, ConfigError> {
+        let raw = raw.tokens.unwrap_or_default();
+        if raw.len() > TOKENS_MAX {
+            return Err(self.invalid(
+                "auth.tokens",
+                format!("at most {TOKENS_MAX} tokens, found {}", raw.len()),
+            ));
+        }
+        let mut specs: Vec<TokenSpec> = Vec::with_capacity(raw.len());
+        for (i, token) in raw.into_iter().enumerate() {
+            let name = token.name.trim().to_owned();
+            if name.is_empty() {
+                return Err(self.invalid("auth.tokens", format!("entry {i} has no name")));
+            }
+            if specs.iter().any(|s| s.name == name) {
+                return Err(self.invalid(
+                    "auth.tokens",
+                    format!("two entries are named {name:?}: names must be unique"),
+                ));
+            }
+            let Some(sha256) = parse_sha256_hex(&token.sha256) else {
+                return Err(self.invalid(
+                    "auth.tokens",
+                    format!(
+                        "token {name:?}: sha256 must be the 64 hex digits of the token's SHA-256 (printf %s TOKEN | sha256sum)"
+                    ),
+                ));
+            };
+            specs.push(TokenSpec {
+                name,
+                sha256,
+                publish: token.publish,
+                consume: token.consume,
+                admin: token.admin,
+            });
+        }
+        Ok(specs)
     }
 
     fn client_limits(&self, raw: &RawClientLimits) -> Result<ClientLimits, ConfigError> {

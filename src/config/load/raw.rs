@@ -15,6 +15,7 @@ pub(super) struct RawConfig {
     pub(super) server: RawServer,
     pub(super) storage: RawStorage,
     pub(super) cluster: RawCluster,
+    pub(super) auth: RawAuth,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -63,6 +64,28 @@ pub(super) struct RawServer {
     pub(super) frame_timeout: Option<DurationValue>,
     pub(super) max_calls_in_flight: Option<u64>,
     pub(super) max_subscriptions_per_connection: Option<u64>,
+    // `[server.tls]` keys: the loader flattens `server.tls.certFile` into `server.tlsCertFile`
+    // (so that the environment variable is `PINQ_SERVER_TLS_CERT_FILE`).
+    pub(super) tls_cert_file: Option<String>,
+    pub(super) tls_key_file: Option<String>,
+    pub(super) tls_client_ca_file: Option<String>,
+}
+
+/// `[[auth.tokens]]`: the tokens a client may present in `hello`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawAuth {
+    pub(super) tokens: Option<Vec<RawToken>>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct RawToken {
+    pub(super) name: String,
+    pub(super) sha256: String,
+    pub(super) publish: Vec<String>,
+    pub(super) consume: Vec<String>,
+    pub(super) admin: bool,
 }
 
 /// The `[server]` keys that bound one client's connection, taken out of [`RawServer`].
@@ -110,6 +133,7 @@ pub(super) fn section_keys(section: &str) -> Option<&'static [&'static str]> {
         "server" => Some(field_names::<RawServer>()),
         "storage" => Some(field_names::<RawStorage>()),
         "cluster" => Some(field_names::<RawCluster>()),
+        "auth" => Some(field_names::<RawAuth>()),
         _ => None,
     }
 }

@@ -52,6 +52,7 @@ impl Config {
                 )
             }
         };
+        let security = render_security(&self.security);
         format!(
             "[delivery]\n\
              dispatchPollInterval = {}\n\
@@ -93,7 +94,7 @@ impl Config {
              engine = {}\n\
              memtableBytes = {}\n\
              walSegmentBytes = {}\n\
-             {cluster}",
+             {cluster}{security}",
             duration(d.dispatch_poll_interval_ms),
             duration(d.in_flight_timeout_ms),
             duration(d.delete_batch_interval_ms),
@@ -131,6 +132,39 @@ impl Config {
             bytes(st.wal_segment_bytes_max),
         )
     }
+}
+
+/// `[server.tls]` and `[[auth.tokens]]`, when set (the token hashes, never a secret).
+fn render_security(security: &SecurityConfig) -> String {
+    let text = |value: &str| toml::Value::String(value.to_owned()).to_string();
+    let path = |p: &std::path::Path| text(&p.to_string_lossy());
+    let list = |items: &[String]| {
+        let items: Vec<String> = items.iter().map(|i| text(i)).collect();
+        format!("[{}]", items.join(", "))
+    };
+    let mut out = String::new();
+    if let Some(tls) = &security.tls {
+        out.push_str(&format!(
+            "\n[server.tls]\ncertFile = {}\nkeyFile = {}\n",
+            path(&tls.cert_file),
+            path(&tls.key_file)
+        ));
+        if let Some(ca) = &tls.client_ca_file {
+            out.push_str(&format!("clientCaFile = {}\n", path(ca)));
+        }
+    }
+    for token in &security.tokens {
+        let hex: String = token.sha256.iter().map(|b| format!("{b:02x}")).collect();
+        out.push_str(&format!(
+            "\n[[auth.tokens]]\nname = {}\nsha256 = {}\npublish = {}\nconsume = {}\nadmin = {}\n",
+            text(&token.name),
+            text(&hex),
+            list(&token.publish),
+            list(&token.consume),
+            token.admin
+        ));
+    }
+    out
 }
 
 /// Milliseconds in the largest unit that divides them: `"24h"`, `"5s"`, `"50ms"`.

@@ -48,8 +48,16 @@ fn example_file_parses_to_exactly_the_defaults() {
 #[test]
 fn example_file_mentions_every_key() {
     for (section, key) in all_keys() {
+        // `[server.tls]` keys are flattened by the loader; `[[auth.tokens]]` is a list of tables.
+        let (header, key) = match (section, key) {
+            ("server", "tlsCertFile") => ("server.tls", "certFile"),
+            ("server", "tlsKeyFile") => ("server.tls", "keyFile"),
+            ("server", "tlsClientCaFile") => ("server.tls", "clientCaFile"),
+            ("auth", "tokens") => ("auth.tokens", "sha256"),
+            other => other,
+        };
         let section_start = EXAMPLE
-            .find(&format!("[{section}]"))
+            .find(&format!("[{header}]"))
             .unwrap_or_else(|| panic!("no [{section}] in pinq.example.toml"));
         let rest = &EXAMPLE[section_start..];
         let section_end = rest[1..].find("\n[").map_or(rest.len(), |end| end + 1);
@@ -78,7 +86,7 @@ fn no_sources_give_the_defaults() {
 fn section_keys_are_read_from_the_raw_structs() {
     assert_eq!(
         sections(),
-        &["delivery", "publish", "server", "storage", "cluster"]
+        &["delivery", "publish", "server", "storage", "cluster", "auth"]
     );
     for section in sections() {
         assert!(section_keys(section).is_some(), "{section}");
@@ -102,10 +110,13 @@ fn section_keys_are_read_from_the_raw_structs() {
             "idleTimeout",
             "frameTimeout",
             "maxCallsInFlight",
-            "maxSubscriptionsPerConnection"
+            "maxSubscriptionsPerConnection",
+            "tlsCertFile",
+            "tlsKeyFile",
+            "tlsClientCaFile"
         ]
     );
-    assert_eq!(all_keys().len(), 18 + 4 + 11 + 3 + 10);
+    assert_eq!(all_keys().len(), 18 + 4 + 14 + 3 + 10 + 1);
 }
 
 #[test]
@@ -192,6 +203,10 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
             "cluster.raftListen",
             "cluster.peers",
             "cluster.advertise",
+            "server.tlsCertFile",
+            "server.tlsKeyFile",
+            "server.tlsClientCaFile",
+            "auth.tokens",
         ];
         // cluster.nodeId = 0 has its own message (Raft's "no node"): tested below.
         assert!(
@@ -210,7 +225,7 @@ fn unknown_key_is_rejected_naming_the_full_dotted_key_and_the_file() {
     assert_eq!(err.to_string(), "unknown key \"delivery.foo\" in test.toml");
 
     let err = error_from_toml("[server]\nlisten = \"127.0.0.1:1\"\n[server.tls]\ncert = \"x\"\n");
-    assert_names_key(&err, "server.tls");
+    assert_names_key(&err, "server.tls.cert");
 
     let err = error_from_toml("delivery.bar = 1\n");
     assert_names_key(&err, "delivery.bar");
@@ -502,9 +517,17 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_CLUSTER_LOG_RETAIN_ENTRIES", "5000"),
         ("PINQ_CLUSTER_OUTBOUND_QUEUE_MESSAGES", "128"),
         ("PINQ_CLUSTER_MAX_FRAME_BYTES", "8MiB"),
+        ("PINQ_SERVER_TLS_CERT_FILE", "/etc/pinq/server.pem"),
+        ("PINQ_SERVER_TLS_KEY_FILE", "/etc/pinq/server.key"),
+        ("PINQ_SERVER_TLS_CLIENT_CA_FILE", "/etc/pinq/ca.pem"),
     ];
-    assert_eq!(values.len(), all_keys().len());
-    for (section, key) in all_keys() {
+    // `[[auth.tokens]]` is a list of tables: only a config file sets it.
+    let keys: Vec<_> = all_keys()
+        .into_iter()
+        .filter(|&key| key != ("auth", "tokens"))
+        .collect();
+    assert_eq!(values.len(), keys.len());
+    for (section, key) in keys {
         let name = env_var_name(section, key);
         assert!(
             values.iter().any(|(var, _)| *var == name),
@@ -578,6 +601,14 @@ fn every_key_can_be_set_from_its_environment_variable() {
             outbound_queue_messages: 128,
             max_frame_bytes: 8 << 20,
         }),
+        security: SecurityConfig {
+            tls: Some(crate::security::tls::TlsFiles {
+                cert_file: PathBuf::from("/etc/pinq/server.pem"),
+                key_file: PathBuf::from("/etc/pinq/server.key"),
+                client_ca_file: Some(PathBuf::from("/etc/pinq/ca.pem")),
+            }),
+            tokens: Vec::new(),
+        },
     };
     assert_eq!(config, expected);
 }
@@ -1032,4 +1063,63 @@ fn a_cluster_config_renders_back_to_itself() {
     let again = from_toml(&rendered).unwrap_or_else(|err| panic!("{err}\nin:\n{rendered}"));
     assert_eq!(again, config, "{rendered}");
     assert!(!from_toml("").unwrap().to_toml().contains("[cluster]"));
+}
+
+const TOKEN_HASH: &str = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+
+#[test]
+fn tls_and_tokens_load_and_render_back_to_themselves() {
+    let text = format!(
+        "[server.tls]\ncertFile = \"/etc/pinq/server.pem\"\nkeyFile = \"/etc/pinq/server.key\"\n\
+         clientCaFile = \"/etc/pinq/ca.pem\"\n\n[[auth.tokens]]\nname = \"billing\"\n\
+         sha256 = \"{TOKEN_HASH}\"\npublish = [\"orders\", \"billing.\"]\nconsume = [\"orders\"]\n\n\
+         [[auth.tokens]]\nname = \"ops\"\nsha256 = \"{}\"\nadmin = true\n",
+        TOKEN_HASH.to_uppercase()
+    );
+    let config = from_toml(&text).unwrap();
+    let tls = config.security.tls.clone().expect("tls");
+    assert_eq!(tls.cert_file, PathBuf::from("/etc/pinq/server.pem"));
+    assert_eq!(tls.client_ca_file, Some(PathBuf::from("/etc/pinq/ca.pem")));
+    let tokens = &config.security.tokens;
+    assert_eq!(tokens.len(), 2);
+    assert_eq!(tokens[0].publish, ["orders", "billing."]);
+    assert!(!tokens[0].admin && tokens[1].admin);
+    assert_eq!(tokens[0].sha256, tokens[1].sha256);
+    let rendered = config.to_toml();
+    let again = from_toml(&rendered).unwrap_or_else(|err| panic!("{err}\nin:\n{rendered}"));
+    assert_eq!(again, config, "{rendered}");
+    assert!(from_toml("").unwrap().security == SecurityConfig::default());
+}
+
+#[test]
+fn tls_files_come_from_the_environment_too() {
+    let mut loader = test_loader();
+    loader
+        .add_env([
+            ("PINQ_SERVER_TLS_CERT_FILE", "/c.pem"),
+            ("PINQ_SERVER_TLS_KEY_FILE", "/k.pem"),
+        ])
+        .unwrap();
+    let tls = loader.build().unwrap().security.tls.expect("tls");
+    assert_eq!(tls.key_file, PathBuf::from("/k.pem"));
+    assert_eq!(tls.client_ca_file, None);
+}
+
+#[test]
+fn bad_tls_and_token_settings_are_refused_by_key() {
+    let err = error_from_toml("[server.tls]\ncertfile = \"x\"\n");
+    assert_names_key(&err, "server.tls.certfile");
+    let err = error_from_toml("[server.tls]\ncertFile = \"x\"\n");
+    assert!(err.to_string().contains("keyFile"), "{err}");
+    let err = error_from_toml("[server.tls]\nclientCaFile = \"x\"\n");
+    assert!(err.to_string().contains("certFile"), "{err}");
+    let err = error_from_toml("[[auth.tokens]]\nname = \"a\"\nsha256 = \"abc\"\n");
+    assert_names_key(&err, "auth.tokens");
+    assert!(err.to_string().contains("64 hex digits"), "{err}");
+    let twice = format!(
+        "[[auth.tokens]]\nname = \"a\"\nsha256 = \"{TOKEN_HASH}\"\n[[auth.tokens]]\nname = \"a\"\nsha256 = \"{TOKEN_HASH}\"\n"
+    );
+    assert!(error_from_toml(&twice).to_string().contains("unique"));
+    let err = error_from_toml("[[auth.tokens]]\nname = \"a\"\nsha256 = \"x\"\nsecret = \"s\"\n");
+    assert_names_key(&err, "auth.tokens");
 }
