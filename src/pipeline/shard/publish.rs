@@ -181,6 +181,11 @@ impl ShardCore {
         self.settled.clone()
     }
 
+    /// The idempotent-publish table (figures and tests).
+    pub fn dedup_table(&self) -> &crate::pipeline::dedup::DedupTable {
+        &self.dedup
+    }
+
     /// Loads the sequence entries read back from the store (at start, or when a replica starts
     /// to lead); ones whose window ended are deleted with the next store command.
     pub fn recover_sequences(&mut self, now_ms: u64, entries: &[SequenceEntry]) {
