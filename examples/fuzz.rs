@@ -237,9 +237,7 @@ fn command(rng: &mut fastrand::Rng) -> Command {
             event_id_high_water: rng.u64(..),
             remember: (0..rng.usize(0..4))
                 .map(|_| pinq::log::sequences::SequenceEntry {
-                    producer: std::sync::Arc::from(
-                        "p".repeat(rng.usize(1..40)).as_str(),
-                    ),
+                    producer: std::sync::Arc::from("p".repeat(rng.usize(1..40)).as_str()),
                     sequence: rng.u64(..),
                     tag: event_key(rng),
                     stored_at_ms: rng.u64(..),

@@ -96,7 +96,10 @@ fn a_republished_producer_sequence_is_answered_with_its_original_tag_and_consume
     let second = publish(server.server_arg(), retry);
     assert_eq!(second[..3], first[..], "duplicates carry the original tags");
     assert!(!first.contains(&second[3]), "sequence 4 is new");
-    assert_eq!(second[4], second[3], "one pair twice in a batch is stored once");
+    assert_eq!(
+        second[4], second[3],
+        "one pair twice in a batch is stored once"
+    );
     // Another producer's sequence 1 is its own.
     let other = publish(server.server_arg(), numbered("orders", "shop-2", 1..2));
     assert!(!first.contains(&other[0]));
@@ -144,7 +147,11 @@ fn a_republish_after_kill_9_between_the_two_publishes_is_not_stored_again() {
 
     let server = Server::start_in(&data_dir, LSM, &[]);
     let again = publish(server.server_arg(), numbered("crash", "job-9", 1..26));
-    assert_eq!(again[..20], first[..], "the WAL replay remembered every pair");
+    assert_eq!(
+        again[..20],
+        first[..],
+        "the WAL replay remembered every pair"
+    );
     once_each(&consume(server.server_arg(), "crash", 25), 1..26);
 }
 
@@ -219,7 +226,16 @@ fn rerunning_pinq_publish_with_a_producer_id_publishes_nothing_twice() {
     assert_eq!(code, 0, "{stderr}");
     once_each(&consume(addr.clone(), "cli", 1), 5..6);
     let (code, _, stderr) = cli(
-        &["publish", "--server", addr.as_str(), "--topic", "cli", "--first-sequence", "3", "x"],
+        &[
+            "publish",
+            "--server",
+            addr.as_str(),
+            "--topic",
+            "cli",
+            "--first-sequence",
+            "3",
+            "x",
+        ],
         None,
     );
     assert_ne!(code, 0, "--first-sequence needs --producer-id");

@@ -278,9 +278,8 @@ fn decode_store_sequenced(r: &mut Reader<'_>) -> Result<Command, CommandError> {
     }
     let mut remember = Vec::with_capacity(count);
     for _ in 0..count {
-        let (entry, used) = SequenceEntry::decode_body(r.buf).map_err(|e| {
-            CommandError::Malformed { what: e.what }
-        })?;
+        let (entry, used) = SequenceEntry::decode_body(r.buf)
+            .map_err(|e| CommandError::Malformed { what: e.what })?;
         r.take(used, "sequence entry")?;
         remember.push(entry);
     }

@@ -136,7 +136,9 @@ impl SequenceEntry {
             Some(_) => Err(SequenceError {
                 what: "unknown entry version",
             }),
-            None => Err(SequenceError { what: "empty value" }),
+            None => Err(SequenceError {
+                what: "empty value",
+            }),
         }
     }
 }
@@ -166,7 +168,10 @@ mod tests {
         let value = entry().to_value();
         assert_eq!(SequenceEntry::from_value(&value).unwrap(), entry());
         for cut in 0..value.len() {
-            assert!(SequenceEntry::from_value(&value[..cut]).is_err(), "cut {cut}");
+            assert!(
+                SequenceEntry::from_value(&value[..cut]).is_err(),
+                "cut {cut}"
+            );
         }
         let mut long = value.clone();
         long.push(0);
@@ -183,7 +188,9 @@ mod tests {
             assert!(start <= key && key < end);
         }
         assert!(sequence_key(1) < sequence_key(2));
-        assert!(!is_sequence_key(EventKey::new(TopicHash(1), 2, 3).as_bytes()));
+        assert!(!is_sequence_key(
+            EventKey::new(TopicHash(1), 2, 3).as_bytes()
+        ));
         assert!(!is_sequence_key(&end));
     }
 }

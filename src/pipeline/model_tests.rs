@@ -452,7 +452,10 @@ impl Model {
     fn check_pair(&mut self, tag: EventKey, message: &PublishMessage, state: PairState) -> bool {
         let duplicate = self.messages.contains_key(&tag);
         if message.producer_id.is_empty() {
-            assert!(!duplicate, "a message without a producer id was answered with an old tag");
+            assert!(
+                !duplicate,
+                "a message without a producer id was answered with an old tag"
+            );
             return true;
         }
         let id = (message.producer_id.clone(), message.sequence);
@@ -488,10 +491,17 @@ impl Model {
     /// Republishes a pair whose original's batch is still being stored: the answer names the
     /// original and waits for it.
     fn republish_pending(&mut self) {
+        let c = self.sim.core.borrow().dedup_table().counters;
+        if c.evicted_entries_total + c.evicted_producers_total > 0 {
+            return;
+        }
+        let now = self.now();
+        let window_ms = self.dedup.window_ms;
         let Some(entry) = self
             .slow
             .iter()
             .find_map(|b| b.remember.first().cloned())
+            .filter(|e| now < e.stored_at_ms + window_ms)
         else {
             return;
         };
@@ -521,7 +531,11 @@ impl Model {
     fn settle_waiting(&mut self, settled: &StoreBatch, stored: bool) {
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
             .into_iter()
-            .partition(|w| w.waits.iter().all(|(_, _, tag)| settled.answers.contains(tag)));
+            .partition(|w| {
+                w.waits
+                    .iter()
+                    .all(|(_, _, tag)| settled.answers.contains(tag))
+            });
         self.waiting = rest;
         let want = if stored {
             Originals::Stored
@@ -533,8 +547,15 @@ impl Model {
             // A bound may have forgotten the pair meanwhile: then it reads as lost.
             let c = self.sim.core.borrow().dedup_table().counters;
             let evicted = c.evicted_entries_total + c.evicted_producers_total > 0;
+            // So may its window's end: the answer is then "not stored", and a retry stores it.
+            let now = self.now();
+            let expired = w.waits.iter().any(|(p, seq, _)| {
+                self.pairs
+                    .get(&(p.to_string(), *seq))
+                    .is_some_and(|pair| now >= pair.stored_at_ms + self.dedup.window_ms)
+            });
             assert!(
-                state == want || (evicted && state == Originals::Lost),
+                state == want || ((evicted || expired) && state == Originals::Lost),
                 "a republish waiting on {:?} sees {state:?}, the batch was {}",
                 w.waits,
                 if stored { "stored" } else { "not stored" }
@@ -1145,17 +1166,25 @@ impl Model {
         let core = self.sim.core.borrow();
         core.assert_consistent();
         let table = core.dedup_table();
-        assert!(table.len() <= self.dedup.entries_max && table.aged_len() <= self.dedup.entries_max);
+        assert!(
+            table.len() <= self.dedup.entries_max && table.aged_len() <= self.dedup.entries_max
+        );
         assert!(table.producers() <= self.dedup.producers_max);
         let (start, end) = sequence_key_range();
-        let stored = self.sim.store.inner.scan_now(&start, Some(&end), usize::MAX).len();
+        let stored = self
+            .sim
+            .store
+            .inner
+            .scan_now(&start, Some(&end), usize::MAX)
+            .len();
         // Pending pairs are in the table but not yet stored; forgotten ones are stored until
-        // the next store command deletes them.
+        // a store command deletes them (queued, or in a batch not yet landed).
+        let deleting =
+            table.forget_queued() + self.slow.iter().map(|b| b.forget.len()).sum::<usize>();
         assert!(
-            stored <= table.len() + table.forget_queued(),
-            "{stored} sequence entries stored, the table remembers {} and will delete {}",
+            stored <= table.len() + deleting,
+            "{stored} sequence entries stored, the table remembers {} and will delete {deleting}",
             table.len(),
-            table.forget_queued()
         );
         assert!(core.groups_len() <= self.cfg.groups_per_shard_max);
         assert_eq!(core.consumer_count(), self.consumers.len());

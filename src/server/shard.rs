@@ -287,7 +287,6 @@ impl Shard {
         }
     }
 
-
     /// Sends a message to another shard, waiting while its channel is full.
     async fn send_to(&self, shard: usize, msg: ShardMsg) -> Result<(), String> {
         let peer = self
@@ -618,9 +617,7 @@ impl Shard {
                     );
                 }
                 if self.core_epoch.get() == epoch {
-                    self.core
-                        .borrow_mut()
-                        .recover_sequences(now_ms(), &entries);
+                    self.core.borrow_mut().recover_sequences(now_ms(), &entries);
                 }
             }
             Err(e) => self.on_store_error("reading the idempotent-publish entries", &e),

@@ -105,7 +105,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "maxSubscriptionsPerConnection"
         ]
     );
-    assert_eq!(all_keys().len(), 16 + 4 + 11 + 3 + 10);
+    assert_eq!(all_keys().len(), 16 + 7 + 11 + 3 + 10);
 }
 
 #[test]
