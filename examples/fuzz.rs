@@ -461,6 +461,12 @@ fn corpus_publish(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
                         delay_ms: s.delay_ms,
                         ttl_ms: s.ttl_ms,
                         headers: s.headers,
+                        producer_id: if rng.bool() {
+                            String::new()
+                        } else {
+                            "p".repeat(rng.usize(1..=255))
+                        },
+                        sequence: rng.u64(..),
                     }
                 })
                 .collect();
