@@ -109,6 +109,7 @@ fn publishes(c: &mut Criterion) {
                 delay_ms: 0,
                 ttl_ms: 0,
                 headers: s.headers,
+                ..PublishMessage::default()
             }
         })
         .collect();

@@ -219,20 +219,35 @@ fn event_key(rng: &mut fastrand::Rng) -> EventKey {
 }
 
 fn command(rng: &mut fastrand::Rng) -> Command {
-    if rng.bool() {
-        Command::Store {
-            messages: (0..rng.usize(0..5))
-                .map(|_| {
-                    let value = Value::encode(&stored(rng)).expect("encode");
-                    (event_key(rng), value)
+    let messages = |rng: &mut fastrand::Rng| {
+        (0..rng.usize(0..5))
+            .map(|_| {
+                let value = Value::encode(&stored(rng)).expect("encode");
+                (event_key(rng), value)
+            })
+            .collect()
+    };
+    match rng.u8(0..3) {
+        0 => Command::Store {
+            messages: messages(rng),
+            event_id_high_water: rng.u64(..),
+        },
+        1 => Command::StoreSequenced {
+            messages: messages(rng),
+            event_id_high_water: rng.u64(..),
+            remember: (0..rng.usize(0..4))
+                .map(|_| pinq::log::sequences::SequenceEntry {
+                    producer: std::sync::Arc::from("p".repeat(rng.usize(1..40)).as_str()),
+                    sequence: rng.u64(..),
+                    tag: event_key(rng),
+                    stored_at_ms: rng.u64(..),
                 })
                 .collect(),
-            event_id_high_water: rng.u64(..),
-        }
-    } else {
-        Command::Delete {
+            forget: (0..rng.usize(0..4)).map(|_| rng.u64(..)).collect(),
+        },
+        _ => Command::Delete {
             keys: (0..rng.usize(0..8)).map(|_| event_key(rng)).collect(),
-        }
+        },
     }
 }
 
@@ -255,12 +270,15 @@ fn decode_command(bytes: &[u8]) {
 }
 
 fn walk_command(command: &Command) {
-    if let Command::Store { messages, .. } = command {
+    if let Command::Store { messages, .. } | Command::StoreSequenced { messages, .. } = command {
         for (key, value) in messages {
             let _ = key.to_key();
             let _ = value.message();
         }
     }
+    command.for_each_op(|key, value| {
+        let _ = (key.len(), value.map(|v| v.len()));
+    });
 }
 
 fn corpus_wal(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
@@ -443,6 +461,12 @@ fn corpus_publish(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
                         delay_ms: s.delay_ms,
                         ttl_ms: s.ttl_ms,
                         headers: s.headers,
+                        producer_id: if rng.bool() {
+                            String::new()
+                        } else {
+                            "p".repeat(rng.usize(1..=255))
+                        },
+                        sequence: rng.u64(..),
                     }
                 })
                 .collect();

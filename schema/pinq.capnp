@@ -227,6 +227,19 @@ struct PublishMessage {
   # whose TTL is not longer than its delay is never delivered. Negative: refused.
   headers @4 :List(Header);
   # Optional application headers, delivered with the message unchanged and in order.
+  producerId @5 :Text;
+  # Optional, for idempotent publish: who numbers this message (UTF-8, at most 255 bytes; empty
+  # or unset = not idempotent, `sequence` is then ignored). Pick one id per logical producer
+  # that survives its restarts (a host and process name, a job id), not one per connection.
+  sequence @6 :UInt64;
+  # With `producerId`: this message's number in the producer's sequence. Within
+  # `publish.dedupWindow` (default 2 min) of storing a (producerId, sequence), the shard does not
+  # store a message with the same pair again: the publish answers with the tag of the message
+  # first stored, so a batch retried after a failure or a timeout is consumed once. Numbers need
+  # not be consecutive nor increasing; the pair is kept per shard (per topic owner), so reuse a
+  # number only for the same message. Bounds (`publish.dedupMaxProducers`, least recently used
+  # producer forgotten first; `publish.dedupMaxEntries`, oldest pair first) may end a pair's
+  # window early: see the README, "Idempotent publish".
 }
 
 struct Header {

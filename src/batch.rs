@@ -25,6 +25,8 @@
 //! Before this type there were five in that stretch: capnp → `PublishMessage` (edge) →
 //! `StoredMessage` (clone in `prepare_publish`) → rkyv → WAL chunk → DMA buffer.
 
+use std::sync::Arc;
+
 use crate::config::{AckLevel, PublishConfig};
 use crate::key::TopicHash;
 use crate::message::{CodecError, UnstampedValue};
@@ -51,6 +53,9 @@ pub struct ValidatedMessage {
     /// bucket needs no archive access).
     pub delay_ms: u64,
     pub value: UnstampedValue,
+    /// Idempotent publish: the message's producer id and sequence (`None`: not idempotent).
+    /// Messages of one producer in a row share one allocation.
+    pub producer: Option<(Arc<str>, u64)>,
 }
 
 /// Messages of one publish request bound for one shard, validated and archived at the edge.
@@ -82,6 +87,7 @@ impl ValidatedBatch {
     ) -> Result<Vec<ShardPart>, PublishError> {
         check_ack_level(ack, config)?;
         let mut parts: Vec<ShardPart> = Vec::new();
+        let mut last_producer: Option<Arc<str>> = None;
         for (index, m) in (0u32..).zip(messages) {
             let topic_hash = TopicHash::of(m.topic);
             let shard = topic_hash.shard(shard_count);
@@ -103,12 +109,21 @@ impl ValidatedBatch {
                     parts.len() - 1
                 }
             };
+            let producer = (!m.producer_id.is_empty()).then(|| {
+                let name = match &last_producer {
+                    Some(name) if name.as_ref() == m.producer_id => name.clone(),
+                    _ => Arc::from(m.producer_id),
+                };
+                last_producer = Some(name.clone());
+                (name, m.sequence)
+            });
             let part = &mut parts[at];
             part.places.push(index);
             part.batch.messages.push(ValidatedMessage {
                 topic_hash,
                 delay_ms: m.delay_ms,
                 value,
+                producer,
             });
         }
         parts.sort_unstable_by_key(|p| p.shard);

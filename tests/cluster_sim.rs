@@ -733,7 +733,7 @@ impl Sim {
             let command = Command::decode(&entry.data)
                 .unwrap_or_else(|e| panic!("{at}: entry {} is no command: {e}", entry.index));
             match &command {
-                Command::Store { messages, .. } => {
+                Command::Store { messages, .. } | Command::StoreSequenced { messages, .. } => {
                     for (key, _) in messages {
                         let id = key.event_id();
                         if let Some(deleted) = self.check.deleted_at.get(&id) {
@@ -771,7 +771,7 @@ impl Sim {
         if let Some(proposal) = node.proposals.remove(&entry.index) {
             if proposal.term == entry.term && proposal.data[..] == entry.data[..] {
                 match proposal.command {
-                    Command::Store { messages, .. } => {
+                    Command::Store { messages, .. } | Command::StoreSequenced { messages, .. } => {
                         for (key, _) in messages {
                             self.check
                                 .acked

@@ -67,22 +67,17 @@ struct Model {
 
 impl Model {
     fn apply(&mut self, command: &Command) {
-        match command {
-            Command::Store {
-                messages,
-                event_id_high_water,
-            } => {
-                for (key, value) in messages {
-                    self.rows.insert(key.to_key(), value.clone());
-                }
-                self.high_water = self.high_water.max(*event_id_high_water);
-            }
-            Command::Delete { keys } => {
-                for key in keys {
-                    self.rows.remove(key.to_key().as_slice());
-                }
-            }
+        if let Some(high) = command.event_id_high_water() {
+            self.high_water = self.high_water.max(high);
         }
+        command.for_each_op(|key, value| match value {
+            Some(value) => {
+                self.rows.insert(key, value);
+            }
+            None => {
+                self.rows.remove(key.as_slice());
+            }
+        });
     }
 
     fn scan(&self, start: &[u8], limit: usize) -> Vec<(Key, Value)> {

@@ -70,6 +70,13 @@ pub struct PublishArgs {
     /// Acknowledgement level to wait for.
     #[arg(long, value_enum, default_value = "durable")]
     pub ack: AckArg,
+    /// Idempotent publish: number the messages under this producer id, so running the same
+    /// command again (after a failure) stores none of them twice within publish.dedupWindow.
+    #[arg(long)]
+    pub producer_id: Option<String>,
+    /// With --producer-id: the first message's sequence number; the next get N+1, N+2, ...
+    #[arg(long, default_value_t = 1, requires = "producer_id")]
+    pub first_sequence: u64,
     /// Messages to publish; without any, each line of stdin is one message.
     pub messages: Vec<String>,
 }
@@ -125,6 +132,15 @@ pub(crate) fn block_on<T: Send + 'static>(
 
 pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
     crate::key::validate_topic(&args.topic).map_err(|e| UsageError(format!("--topic: {e}")))?;
+    if let Some(id) = &args.producer_id {
+        if id.is_empty() || id.len() > crate::rpc::PRODUCER_ID_LEN_MAX {
+            return Err(UsageError(format!(
+                "--producer-id: must be 1 to {} bytes",
+                crate::rpc::PRODUCER_ID_LEN_MAX
+            ))
+            .into());
+        }
+    }
     block_on("pinq-publish", move || {
         Box::pin(async move {
             // Follows the topic's leader in a cluster (and across a failover); one connection
@@ -134,10 +150,21 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("connecting to {}", args.server))?,
             );
-            let make = |payload: Vec<u8>| PublishMessage {
-                delay_ms: ms(args.delay) as u64,
-                ttl_ms: ms(args.ttl) as u64,
-                ..PublishMessage::new(args.topic.clone(), payload)
+            let sequences = std::cell::Cell::new(args.first_sequence);
+            let make = |payload: Vec<u8>| {
+                let message = PublishMessage {
+                    delay_ms: ms(args.delay) as u64,
+                    ttl_ms: ms(args.ttl) as u64,
+                    ..PublishMessage::new(args.topic.clone(), payload)
+                };
+                match &args.producer_id {
+                    Some(id) => {
+                        let sequence = sequences.get();
+                        sequences.set(sequence.wrapping_add(1));
+                        message.with_sequence(id.clone(), sequence)
+                    }
+                    None => message,
+                }
             };
             let mut window = PublishWindow::new(router, args.ack.into());
             let mut sent = 0usize;

@@ -400,16 +400,34 @@ impl ReplicatedStore {
             start = last.clone();
             start.push(0);
             let full = rows.len() == SNAPSHOT_PAGE_KEYS;
+            // The idempotent-publish entries travel too (a follower that leads later must
+            // answer republishes as this leader does).
+            let remember: Vec<_> = rows
+                .iter()
+                .filter(|(k, _)| crate::log::sequences::is_sequence_key(k))
+                .filter_map(|(_, v)| {
+                    crate::log::sequences::SequenceEntry::from_value(v.as_bytes()).ok()
+                })
+                .collect();
             let messages = rows
                 .into_iter()
                 .filter_map(|(k, v)| crate::key::EventKey::parse(&k).ok().map(|k| (k, v)))
                 .collect();
-            writer
-                .push(&Command::Store {
+            let event_id_high_water = self.engine.event_id_high_water();
+            let command = if remember.is_empty() {
+                Command::Store {
                     messages,
-                    event_id_high_water: self.engine.event_id_high_water(),
-                })
-                .map_err(|e| e.to_string())?;
+                    event_id_high_water,
+                }
+            } else {
+                Command::StoreSequenced {
+                    messages,
+                    event_id_high_water,
+                    remember,
+                    forget: Vec::new(),
+                }
+            };
+            writer.push(&command).map_err(|e| e.to_string())?;
             if !full {
                 break;
             }

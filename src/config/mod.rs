@@ -137,6 +137,15 @@ pub struct PublishConfig {
     /// `publish.maxBytesInFlight`: bytes of publishes (payload and headers) a shard holds for
     /// its connections before later publishes wait for room (`crate::server::limits`).
     pub bytes_in_flight_max: usize,
+    /// `publish.dedupWindow`: how long a shard remembers a stored (producer id, sequence), so a
+    /// republished one is answered with its original tag instead of being stored again.
+    pub dedup_window_ms: u64,
+    /// `publish.dedupMaxProducers`: producers a shard remembers sequences for; past it the least
+    /// recently used producer is forgotten.
+    pub dedup_producers_max: usize,
+    /// `publish.dedupMaxEntries`: (producer, sequence) entries a shard remembers; past it the
+    /// oldest entry is forgotten before its window ends.
+    pub dedup_entries_max: usize,
 }
 
 impl Default for PublishConfig {
@@ -146,6 +155,9 @@ impl Default for PublishConfig {
             batch_len_max: 10_000,
             ack_level_min: AckLevel::None,
             bytes_in_flight_max: 64 << 20,
+            dedup_window_ms: 120_000,
+            dedup_producers_max: 1024,
+            dedup_entries_max: 262_144,
         }
     }
 }

@@ -9,12 +9,20 @@
 //! command = crc32c u32 LE | version u8 | kind u8 | body          crc = crc32c(version ‖ kind ‖ body)
 //! store   (kind 1) = event_id_high_water u64 LE | count u32 LE | (key[24] | len u32 LE | value[len])*
 //! delete  (kind 2) = count u32 LE | key[24]*
+//! store with sequences (kind 5) = store body (as kind 1)
+//!           | remember u32 LE | (producer_len u8 | producer | sequence u64 LE | tag[24] | stored_at_ms u64 LE)*
+//!           | forget u32 LE | event_id u64 LE*
 //! ```
+//!
+//! Kind 5 is a store that also writes the (producer, sequence) entries of idempotent publish and
+//! deletes expired ones (see [`super::sequences`]); a publish without producer ids and with
+//! nothing to forget is still written as kind 1, so old logs and new plain publishes read alike.
 //!
 //! Decoding checks the checksum first, then every length against the bytes present before
 //! allocating, and refuses trailing bytes: bytes from a disk or a peer are untrusted.
 
-use crate::key::{EventKey, EVENT_KEY_LEN};
+use super::sequences::{sequence_key, SequenceEntry};
+use crate::key::{EventKey, Key, EVENT_KEY_LEN};
 use crate::message::Value;
 
 /// Version of the encoding written today. A decoder refuses versions it does not know.
@@ -22,6 +30,9 @@ pub const COMMAND_VERSION: u8 = 1;
 
 const KIND_STORE: u8 = 1;
 const KIND_DELETE: u8 = 2;
+const KIND_STORE_SEQUENCED: u8 = 5;
+/// Smallest encoded sequence entry: an empty producer, sequence, tag and time.
+const SEQUENCE_ENTRY_BYTES_MIN: usize = 1 + 8 + EVENT_KEY_LEN + 8;
 /// `crc u32 | version u8 | kind u8`.
 const HEADER_BYTES: usize = 6;
 
@@ -36,6 +47,14 @@ pub enum Command {
     },
     /// Deletes messages every recipient has ACKed (or that expired).
     Delete { keys: Vec<EventKey> },
+    /// A [`Command::Store`] that also remembers the (producer, sequence) of its messages and
+    /// forgets entries whose window ended (by their original event id), in one atomic change.
+    StoreSequenced {
+        messages: Vec<(EventKey, Value)>,
+        event_id_high_water: u64,
+        remember: Vec<SequenceEntry>,
+        forget: Vec<u64>,
+    },
 }
 
 /// Why bytes are not a valid command.
@@ -59,6 +78,64 @@ impl Command {
         match self {
             Command::Store { messages, .. } => messages.len(),
             Command::Delete { keys } => keys.len(),
+            Command::StoreSequenced {
+                messages,
+                remember,
+                forget,
+                ..
+            } => messages.len() + remember.len() + forget.len(),
+        }
+    }
+
+    /// The event-id high-water mark a store command raises, if it is one.
+    pub fn event_id_high_water(&self) -> Option<u64> {
+        match self {
+            Command::Store {
+                event_id_high_water,
+                ..
+            }
+            | Command::StoreSequenced {
+                event_id_high_water,
+                ..
+            } => Some(*event_id_high_water),
+            Command::Delete { .. } => None,
+        }
+    }
+
+    /// The store puts (`Some` value) and deletes (`None`) this command stands for, in order:
+    /// messages, remembered sequence entries (as metadata keys), then deletes. The one mapping
+    /// every store uses.
+    pub fn for_each_op(&self, mut op: impl FnMut(Key, Option<Value>)) {
+        match self {
+            Command::Store { messages, .. } => {
+                for (key, value) in messages {
+                    op(key.to_key(), Some(value.clone()));
+                }
+            }
+            Command::Delete { keys } => {
+                for key in keys {
+                    op(key.to_key(), None);
+                }
+            }
+            Command::StoreSequenced {
+                messages,
+                remember,
+                forget,
+                ..
+            } => {
+                for (key, value) in messages {
+                    op(key.to_key(), Some(value.clone()));
+                }
+                for entry in remember {
+                    op(
+                        sequence_key(entry.tag.event_id()),
+                        Some(Value::copy_from_slice(&entry.to_value())),
+                    );
+                }
+                for event_id in forget {
+                    op(sequence_key(*event_id), None);
+                }
+            }
         }
     }
 
@@ -77,6 +154,21 @@ impl Command {
                         .sum::<usize>()
                 }
                 Command::Delete { keys } => 4 + keys.len() * EVENT_KEY_LEN,
+                Command::StoreSequenced {
+                    messages,
+                    remember,
+                    forget,
+                    ..
+                } => {
+                    12 + messages
+                        .iter()
+                        .map(|(_, v)| EVENT_KEY_LEN + 4 + v.len())
+                        .sum::<usize>()
+                        + 4
+                        + remember.iter().map(SequenceEntry::body_len).sum::<usize>()
+                        + 4
+                        + forget.len() * 8
+                }
             }
     }
 
@@ -92,19 +184,30 @@ impl Command {
                 event_id_high_water,
             } => {
                 out.push(KIND_STORE);
-                out.extend_from_slice(&event_id_high_water.to_le_bytes());
-                out.extend_from_slice(&(messages.len() as u32).to_le_bytes());
-                for (key, value) in messages {
-                    out.extend_from_slice(key.as_bytes());
-                    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-                    out.extend_from_slice(value.as_bytes());
-                }
+                encode_store_body(out, messages, *event_id_high_water);
             }
             Command::Delete { keys } => {
                 out.push(KIND_DELETE);
                 out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
                 for key in keys {
                     out.extend_from_slice(key.as_bytes());
+                }
+            }
+            Command::StoreSequenced {
+                messages,
+                event_id_high_water,
+                remember,
+                forget,
+            } => {
+                out.push(KIND_STORE_SEQUENCED);
+                encode_store_body(out, messages, *event_id_high_water);
+                out.extend_from_slice(&(remember.len() as u32).to_le_bytes());
+                for entry in remember {
+                    entry.encode_body(out);
+                }
+                out.extend_from_slice(&(forget.len() as u32).to_le_bytes());
+                for event_id in forget {
+                    out.extend_from_slice(&event_id.to_le_bytes());
                 }
             }
         }
@@ -143,6 +246,7 @@ impl Command {
         let command = match bytes[5] {
             KIND_STORE => decode_store(&mut r)?,
             KIND_DELETE => decode_delete(&mut r)?,
+            KIND_STORE_SEQUENCED => decode_store_sequenced(&mut r)?,
             found => return Err(CommandError::UnknownKind { found }),
         };
         if !r.buf.is_empty() {
@@ -154,7 +258,59 @@ impl Command {
     }
 }
 
+fn encode_store_body(out: &mut Vec<u8>, messages: &[(EventKey, Value)], event_id_high_water: u64) {
+    out.extend_from_slice(&event_id_high_water.to_le_bytes());
+    out.extend_from_slice(&(messages.len() as u32).to_le_bytes());
+    for (key, value) in messages {
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        out.extend_from_slice(value.as_bytes());
+    }
+}
+
+fn decode_store_sequenced(r: &mut Reader<'_>) -> Result<Command, CommandError> {
+    let (messages, event_id_high_water) = decode_store_body(r)?;
+    let count = r.u32("remembered count")? as usize;
+    if count > r.buf.len() / SEQUENCE_ENTRY_BYTES_MIN {
+        return Err(CommandError::Malformed {
+            what: "remembered count exceeds the command",
+        });
+    }
+    let mut remember = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (entry, used) = SequenceEntry::decode_body(r.buf)
+            .map_err(|e| CommandError::Malformed { what: e.what })?;
+        r.take(used, "sequence entry")?;
+        remember.push(entry);
+    }
+    let count = r.u32("forgotten count")? as usize;
+    if count > r.buf.len() / 8 {
+        return Err(CommandError::Malformed {
+            what: "forgotten count exceeds the command",
+        });
+    }
+    let forget = (0..count)
+        .map(|_| r.u64("forgotten event id"))
+        .collect::<Result<_, _>>()?;
+    Ok(Command::StoreSequenced {
+        messages,
+        event_id_high_water,
+        remember,
+        forget,
+    })
+}
+
 fn decode_store(r: &mut Reader<'_>) -> Result<Command, CommandError> {
+    let (messages, event_id_high_water) = decode_store_body(r)?;
+    Ok(Command::Store {
+        messages,
+        event_id_high_water,
+    })
+}
+
+type StoreBody = (Vec<(EventKey, Value)>, u64);
+
+fn decode_store_body(r: &mut Reader<'_>) -> Result<StoreBody, CommandError> {
     let event_id_high_water = r.u64("high-water mark")?;
     let count = r.u32("message count")? as usize;
     // Each message takes at least a key and a length: refuse counts the bytes cannot hold.
@@ -170,10 +326,7 @@ fn decode_store(r: &mut Reader<'_>) -> Result<Command, CommandError> {
         let value = Value::copy_from_slice(r.take(len, "value bytes")?);
         messages.push((key, value));
     }
-    Ok(Command::Store {
-        messages,
-        event_id_high_water,
-    })
+    Ok((messages, event_id_high_water))
 }
 
 fn decode_delete(r: &mut Reader<'_>) -> Result<Command, CommandError> {
@@ -244,9 +397,39 @@ mod tests {
         }
     }
 
+    fn store_sequenced() -> Command {
+        let Command::Store {
+            messages,
+            event_id_high_water,
+        } = store()
+        else {
+            unreachable!()
+        };
+        Command::StoreSequenced {
+            remember: messages
+                .iter()
+                .enumerate()
+                .map(|(i, (key, _))| SequenceEntry {
+                    producer: std::sync::Arc::from(format!("producer-{i}").as_str()),
+                    sequence: i as u64 + 1,
+                    tag: *key,
+                    stored_at_ms: 1000 + i as u64,
+                })
+                .collect(),
+            messages,
+            event_id_high_water,
+            forget: vec![3, 4],
+        }
+    }
+
     #[test]
     fn commands_round_trip() {
-        for command in [store(), delete(), Command::Delete { keys: vec![] }] {
+        for command in [
+            store(),
+            delete(),
+            Command::Delete { keys: vec![] },
+            store_sequenced(),
+        ] {
             let bytes = command.to_bytes();
             assert_eq!(bytes.len(), command.encoded_len());
             assert_eq!(Command::decode(&bytes).unwrap(), command);
@@ -255,7 +438,7 @@ mod tests {
 
     #[test]
     fn every_flipped_bit_is_refused() {
-        for command in [store(), delete()] {
+        for command in [store(), delete(), store_sequenced()] {
             let bytes = command.to_bytes();
             for byte in 0..bytes.len() {
                 for bit in 0..8 {
@@ -272,10 +455,43 @@ mod tests {
 
     #[test]
     fn every_truncation_is_refused() {
-        let bytes = store().to_bytes();
-        for cut in 0..bytes.len() {
-            assert!(Command::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        for command in [store(), store_sequenced()] {
+            let bytes = command.to_bytes();
+            for cut in 0..bytes.len() {
+                assert!(Command::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
         }
+    }
+
+    #[test]
+    fn a_sequenced_store_puts_its_entries_under_metadata_keys_and_deletes_forgotten_ones() {
+        let mut puts = Vec::new();
+        let mut deletes = Vec::new();
+        store_sequenced().for_each_op(|k, v| match v {
+            Some(v) => puts.push((k, v)),
+            None => deletes.push(k),
+        });
+        assert_eq!(puts.len(), 6);
+        for (key, value) in &puts[3..] {
+            assert!(crate::log::sequences::is_sequence_key(key));
+            let entry = SequenceEntry::from_value(value.as_bytes()).unwrap();
+            assert_eq!(sequence_key(entry.tag.event_id()), *key);
+        }
+        assert_eq!(deletes, vec![sequence_key(3), sequence_key(4)]);
+        assert_eq!(store_sequenced().event_id_high_water(), Some(102));
+        assert_eq!(delete().event_id_high_water(), None);
+    }
+
+    #[test]
+    fn a_lying_remembered_count_is_refused_before_allocating() {
+        let mut bytes = vec![0, 0, 0, 0, COMMAND_VERSION, KIND_STORE_SEQUENCED];
+        bytes.extend_from_slice(&0u64.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        bytes.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Command::decode(&sealed(bytes)),
+            Err(CommandError::Malformed { .. })
+        ));
     }
 
     /// Re-checksums hand-made bytes, so the test reaches the checks behind the checksum.

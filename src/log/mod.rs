@@ -20,6 +20,7 @@
 
 pub mod command;
 pub mod recovery;
+pub mod sequences;
 pub mod wal;
 
 pub use command::{Command, CommandError};

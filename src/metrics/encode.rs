@@ -53,6 +53,11 @@ const COUNTERS: &[(&str, &str, Read)] = &[
         |s| s.stats.counters.published_total,
     ),
     (
+        "pinq_publish_duplicates",
+        "Published messages not stored because their (producer id, sequence) was already stored within publish.dedupWindow (answered with the original tag).",
+        |s| s.stats.counters.publish_duplicates_total,
+    ),
+    (
         "pinq_messages_dispatched",
         "Copies handed to a consumer's queue, first deliveries and redeliveries.",
         |s| s.stats.counters.dispatched_total,
@@ -133,6 +138,16 @@ const GAUGES: &[(&str, &str, Read)] = &[
         "pinq_messages_in_flight",
         "Messages dispatched with at least one copy not yet settled (held by a consumer, waiting for redelivery, or NACK-delayed); messages whose copies are all ACKed or forgotten and only wait for their delete are in pinq_delete_backlog_keys.",
         |s| s.stats.in_flight as u64,
+    ),
+    (
+        "pinq_dedup_entries",
+        "(producer id, sequence) pairs this shard remembers for idempotent publish (bounded by publish.dedupMaxEntries).",
+        |s| s.stats.dedup_entries as u64,
+    ),
+    (
+        "pinq_dedup_producers",
+        "Producers this shard remembers sequences for (bounded by publish.dedupMaxProducers).",
+        |s| s.stats.dedup_producers as u64,
     ),
     (
         "pinq_active_consumers",

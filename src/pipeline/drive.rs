@@ -6,19 +6,25 @@
 
 use std::cell::RefCell;
 
+use super::dedup::Originals;
 use super::deleter::DeleteBatch;
-use super::shard::ShardCore;
+use super::shard::{ShardCore, StoreBatch};
 use crate::batch::ValidatedBatch;
 use crate::config::AckLevel;
 use crate::key::EventKey;
+use crate::log::sequences::{sequence_key_range, SequenceEntry};
 use crate::storage::{Store, StoreError, Sync};
 
 /// Why a publish failed. A batch reaches the core validated (see [`crate::batch`]): only the
-/// store can fail it here.
+/// store can fail it here, or the batch whose message a duplicate's answer names.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishFailure {
     #[error("storage failed: {0}")]
     Store(#[from] StoreError),
+    /// A message was answered with the tag of an earlier publish of its (producer id, sequence)
+    /// that was still being stored, and that publish failed (or this shard stopped leading).
+    #[error("the first publish of a (producerId, sequence) in this batch was not stored (publish the batch again)")]
+    OriginalNotStored,
 }
 
 /// Loads the shard's event-id high-water mark (applied from the log) into the core (call once
@@ -26,6 +32,34 @@ pub enum PublishFailure {
 pub fn recover<S: Store>(core: &RefCell<ShardCore>, store: &S) {
     core.borrow_mut()
         .recover_event_ids(store.event_id_high_water());
+}
+
+/// Reads every sequence entry of idempotent publish back from the store, page by page (call
+/// at start and when a replica starts to lead, before it serves). Unreadable entries are
+/// skipped and counted in the result: they can only make a republish be stored again.
+pub async fn read_sequences<S: Store>(
+    store: &S,
+) -> Result<(Vec<SequenceEntry>, usize), StoreError> {
+    const PAGE_KEYS: usize = 4096;
+    let (mut start, end) = sequence_key_range();
+    let mut entries = Vec::new();
+    let mut unreadable = 0;
+    loop {
+        let rows = store.scan(&start, Some(&end), PAGE_KEYS).await?;
+        for (_, value) in &rows {
+            match SequenceEntry::from_value(value.as_bytes()) {
+                Ok(entry) => entries.push(entry),
+                Err(_) => unreadable += 1,
+            }
+        }
+        match rows.last() {
+            Some((last, _)) if rows.len() == PAGE_KEYS => {
+                start = last.clone();
+                start.push(0);
+            }
+            _ => return Ok((entries, unreadable)),
+        }
+    }
 }
 
 /// Keys, stores and announces one validated publish batch; returns the delivery tags once the
@@ -55,12 +89,21 @@ pub async fn publish_accepting<S: Store>(
 ) -> Result<Vec<EventKey>, PublishFailure> {
     let ack = batch.ack();
     let batch = core.borrow_mut().prepare_publish(now_ms, batch);
+    if batch.writes_nothing() {
+        // Every message is a duplicate: nothing to store, the answers are the originals' tags.
+        if current() {
+            core.borrow_mut().on_publish_applied(&batch);
+        }
+        wait_for_originals(core, &batch, &current).await?;
+        return Ok(batch.tags());
+    }
     let sync = if ack == AckLevel::Durable {
         Sync::Durable
     } else {
         Sync::Buffered
     };
-    let early = (sync == Sync::Buffered).then(|| batch.tags());
+    // An answer that names a pending original waits for it, whatever the ack level.
+    let early = (sync == Sync::Buffered && batch.waits.is_empty()).then(|| batch.tags());
     let on_accepted = move || {
         if let Some(tags) = early {
             accepted(tags);
@@ -74,14 +117,40 @@ pub async fn publish_accepting<S: Store>(
             if current() {
                 core.borrow_mut().on_publish_applied(&batch);
             }
+            wait_for_originals(core, &batch, &current).await?;
             Ok(batch.tags())
         }
         Err(error) => {
             if current() {
-                core.borrow_mut().on_publish_failed(batch.id);
+                core.borrow_mut().on_publish_failed(&batch);
             }
             Err(error.into())
         }
+    }
+}
+
+/// Waits until every pending original a batch answered with is stored; fails when one was
+/// not (its batch failed, or the core was replaced: this shard stopped leading).
+async fn wait_for_originals(
+    core: &RefCell<ShardCore>,
+    batch: &StoreBatch,
+    current: &impl Fn() -> bool,
+) -> Result<(), PublishFailure> {
+    if batch.waits.is_empty() {
+        return Ok(());
+    }
+    let signal = core.borrow().settled_signal();
+    loop {
+        if !current() {
+            return Err(PublishFailure::OriginalNotStored);
+        }
+        match core.borrow().originals(batch) {
+            Originals::Stored => return Ok(()),
+            Originals::Lost => return Err(PublishFailure::OriginalNotStored),
+            Originals::Waiting => {}
+        }
+        // No await between the check and this wait: a settle cannot slip between them.
+        signal.wait().await;
     }
 }
 

@@ -14,6 +14,7 @@
 //! The functions in [`drive`] carry a core's requests to a store; they borrow the core only
 //! between awaits, so several tasks of one shard can share it in a `RefCell`.
 
+pub mod dedup;
 pub mod deleter;
 pub mod dispatcher;
 pub mod drive;

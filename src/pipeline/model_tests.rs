@@ -15,6 +15,11 @@
 //! - a subscription is refused only past a bound on groups or consumers (groups per topic, per
 //!   shard, consumers per group, all small and random here), never one an existing group has room
 //!   for; timers stay one per held or delayed copy;
+//! - idempotent publish: a message whose (producer, sequence) was stored less than the window ago
+//!   (and not by a batch that failed) is answered with the original tag and not stored again;
+//!   a new tag for such a pair only once the table's bounds forgot pairs (its eviction counters
+//!   say so); a republish while the original's batch is not applied waits on it, and learns
+//!   whether it was stored; stored sequence entries stay within the table and its delete queue;
 //! - at the end, with every consumer ACKing and time run past every delay, lease, TTL and
 //!   retention, every message without a TTL reached every sticky recipient and the store is empty.
 //!
@@ -31,6 +36,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use futures_lite::future::block_on;
 
+use super::dedup::{DedupLimits, Originals};
 use super::drive;
 use super::hub::Limit;
 use super::shard::{Delivery, StoreBatch, TagResult};
@@ -39,6 +45,7 @@ use super::tests::Sim;
 use super::ConsumerId;
 use crate::config::DeliveryConfig;
 use crate::key::{due_bucket, EventKey, TopicHash};
+use crate::log::sequences::sequence_key_range;
 use crate::rpc::PublishMessage;
 
 const SEEDS: u64 = 200;
@@ -55,6 +62,7 @@ const TRACE_SHOWN: usize = 80;
 const SHELL_SPINS_MAX: usize = 1_000;
 
 const TOPICS: [&str; 3] = ["t0", "t1", "t2"];
+const PRODUCERS: [&str; 3] = ["p0", "p1", "p2"];
 /// Sticky group: one member per topic from before the first publish to the end.
 const STICKY_GROUP: &str = "g1";
 const GROUPS: [&str; 3] = [STICKY_GROUP, "g2", ""];
@@ -117,6 +125,21 @@ struct CopyRecord {
     last_attempt: u32,
 }
 
+/// What the model knows of a (producer, sequence) pair's last store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PairState {
+    Pending,
+    Stored,
+    Abandoned,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Pair {
+    tag: EventKey,
+    stored_at_ms: u64,
+    state: PairState,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Settle {
     Ack,
@@ -147,6 +170,12 @@ struct Model {
     refused: (u64, u64),
     /// Groups whose last member left, and when (retention may forget them).
     groups_emptied: BTreeMap<(usize, &'static str), u64>,
+    dedup: DedupLimits,
+    pairs: BTreeMap<(String, u64), Pair>,
+    /// The highest sequence each producer used.
+    sequences: [u64; 3],
+    /// Republishes answered with a pending original, waiting for it.
+    waiting: Vec<StoreBatch>,
 }
 
 impl Model {
@@ -180,6 +209,13 @@ impl Model {
             ..cfg
         };
         let sim = Sim::new(cfg.clone());
+        let dedup = DedupLimits {
+            window_ms: rng.u64(300..=6_000),
+            producers_max: rng.usize(1..=3),
+            entries_max: rng.usize(2..=24),
+        };
+        let core = super::ShardCore::new(cfg.clone(), sim.now_ms).with_dedup_limits(dedup);
+        *sim.core.borrow_mut() = core;
         let mut model = Model {
             seed,
             rng,
@@ -199,6 +235,10 @@ impl Model {
             groups_seen: BTreeSet::new(),
             refused: (0, 0),
             groups_emptied: BTreeMap::new(),
+            dedup,
+            pairs: BTreeMap::new(),
+            sequences: [0; 3],
+            waiting: Vec::new(),
         };
         model.note(format!("seed {seed}: {} topics, {:?}", topics, model.cfg));
         for topic in 0..topics {
@@ -251,7 +291,8 @@ impl Model {
         match roll {
             0..=19 => self.publish(),
             20..=22 => self.begin_slow_publish(),
-            23..=25 => self.complete_slow_publish(),
+            23..=24 => self.complete_slow_publish(),
+            25 => self.republish_pending(),
             26 => self.fail_slow_publish(),
             27..=31 => {
                 if self.consumers.len() < CONSUMERS_MAX {
@@ -306,6 +347,33 @@ impl Model {
     }
 
     fn new_message(&mut self) -> PublishMessage {
+        self.new_message_numbered(false)
+    }
+
+    /// A message, some of them numbered by a producer: a fresh sequence, or (unless
+    /// `fresh_only`) one used before whose original is not pending.
+    fn new_message_numbered(&mut self, fresh_only: bool) -> PublishMessage {
+        let message = self.new_plain_message();
+        if self.rng.u8(0..10) < 6 {
+            return message;
+        }
+        let p = self.rng.usize(0..PRODUCERS.len());
+        let used = self.sequences[p];
+        let again = (!fresh_only && used > 0 && self.rng.bool())
+            .then(|| self.rng.u64(1..=used))
+            .filter(|s| {
+                self.pairs
+                    .get(&(PRODUCERS[p].to_owned(), *s))
+                    .is_none_or(|pair| pair.state != PairState::Pending)
+            });
+        let sequence = again.unwrap_or_else(|| {
+            self.sequences[p] += 1;
+            self.sequences[p]
+        });
+        message.with_sequence(PRODUCERS[p], sequence)
+    }
+
+    fn new_plain_message(&mut self) -> PublishMessage {
         let topic = self.rng.usize(0..self.topics);
         let delay_ms = if self.rng.u8(0..10) < 3 {
             self.rng.u64(0..=DELAY_MAX_MS)
@@ -367,14 +435,133 @@ impl Model {
         assert_eq!(tags.len(), messages.len());
         for (key, message) in tags.iter().zip(&messages) {
             self.note(format!(
-                "@{} publish {} {:?} delay {} ttl {} -> {key:?}",
+                "@{} publish {} {:?} delay {} ttl {} pair {:?} -> {key:?}",
                 self.now(),
                 message.topic,
                 String::from_utf8_lossy(&message.payload),
                 message.delay_ms,
-                message.ttl_ms
+                message.ttl_ms,
+                (&message.producer_id, message.sequence)
             ));
-            self.record_published(*key, message, true);
+            if self.check_pair(*key, message, PairState::Stored) {
+                self.record_published(*key, message, true);
+            }
+        }
+    }
+
+    /// Checks the answer to a numbered message against what the model knows of its pair and
+    /// records a new store of it. Returns whether the message was stored (not a duplicate).
+    fn check_pair(&mut self, tag: EventKey, message: &PublishMessage, state: PairState) -> bool {
+        let duplicate = self.messages.contains_key(&tag);
+        if message.producer_id.is_empty() {
+            assert!(
+                !duplicate,
+                "a message without a producer id was answered with an old tag"
+            );
+            return true;
+        }
+        let id = (message.producer_id.clone(), message.sequence);
+        let now = self.now();
+        let known = self.pairs.get(&id).copied().filter(|p| {
+            p.state != PairState::Abandoned && now < p.stored_at_ms + self.dedup.window_ms
+        });
+        if duplicate {
+            let pair = known.unwrap_or_else(|| {
+                panic!("{id:?} answered with {tag:?}, but no store of it is remembered")
+            });
+            assert_eq!(pair.tag, tag, "{id:?} answered with another pair's tag");
+            return false;
+        }
+        if let Some(pair) = known {
+            let c = self.sim.core.borrow().dedup_table().counters;
+            assert!(
+                c.evicted_entries_total + c.evicted_producers_total > 0,
+                "{id:?} stored again inside its window ({pair:?}) though no bound forgot a pair"
+            );
+        }
+        self.pairs.insert(
+            id,
+            Pair {
+                tag,
+                stored_at_ms: now,
+                state,
+            },
+        );
+        true
+    }
+
+    /// Republishes a pair whose original's batch is still being stored: the answer names the
+    /// original and waits for it.
+    fn republish_pending(&mut self) {
+        let c = self.sim.core.borrow().dedup_table().counters;
+        if c.evicted_entries_total + c.evicted_producers_total > 0 {
+            return;
+        }
+        let now = self.now();
+        let window_ms = self.dedup.window_ms;
+        let Some(entry) = self
+            .slow
+            .iter()
+            .find_map(|b| b.remember.first().cloned())
+            .filter(|e| now < e.stored_at_ms + window_ms)
+        else {
+            return;
+        };
+        let message = self
+            .new_plain_message()
+            .with_sequence(entry.producer.as_ref(), entry.sequence);
+        let dup = self
+            .sim
+            .core
+            .borrow_mut()
+            .prepare_publish(self.now(), batch(std::slice::from_ref(&message)));
+        self.note(format!(
+            "@{} republish of pending {:?} -> {:?}",
+            self.now(),
+            (&entry.producer, entry.sequence),
+            dup.tags()
+        ));
+        assert_eq!(dup.tags(), vec![entry.tag]);
+        assert!(dup.messages.is_empty() && dup.waits.len() == 1);
+        assert_eq!(self.sim.core.borrow().originals(&dup), Originals::Waiting);
+        self.sim.store.inner.apply(&dup.command());
+        self.sim.core.borrow_mut().on_publish_applied(&dup);
+        self.waiting.push(dup);
+    }
+
+    /// A slow batch settled: the republishes waiting on it learn whether it was stored.
+    fn settle_waiting(&mut self, settled: &StoreBatch, stored: bool) {
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|w| {
+                w.waits
+                    .iter()
+                    .all(|(_, _, tag)| settled.answers.contains(tag))
+            });
+        self.waiting = rest;
+        let want = if stored {
+            Originals::Stored
+        } else {
+            Originals::Lost
+        };
+        for w in mine {
+            let state = self.sim.core.borrow().originals(&w);
+            // A bound may have forgotten the pair meanwhile: then it reads as lost.
+            let c = self.sim.core.borrow().dedup_table().counters;
+            let evicted = c.evicted_entries_total + c.evicted_producers_total > 0;
+            // So may its window's end: the answer is then "not stored", and a retry stores it.
+            let now = self.now();
+            let expired = w.waits.iter().any(|(p, seq, _)| {
+                self.pairs
+                    .get(&(p.to_string(), *seq))
+                    .is_some_and(|pair| now >= pair.stored_at_ms + self.dedup.window_ms)
+            });
+            assert!(
+                state == want || ((evicted || expired) && state == Originals::Lost),
+                "a republish waiting on {:?} sees {state:?}, the batch was {}",
+                w.waits,
+                if stored { "stored" } else { "not stored" }
+            );
         }
     }
 
@@ -383,13 +570,14 @@ impl Model {
         if self.slow.len() >= SLOW_PUBLISHES_MAX {
             return;
         }
-        let message = self.new_message();
+        let message = self.new_message_numbered(true);
         let batch = self
             .sim
             .core
             .borrow_mut()
             .prepare_publish(self.now(), batch(std::slice::from_ref(&message)));
         let key = batch.messages[0].0;
+        assert!(self.check_pair(key, &message, PairState::Pending));
         self.note(format!(
             "@{} slow publish begins {} delay {} ttl {} -> {key:?}",
             self.now(),
@@ -416,6 +604,19 @@ impl Model {
         for key in batch.tags() {
             self.messages.get_mut(&key).unwrap().stored = true;
         }
+        self.set_pair_states(&batch, PairState::Stored);
+        self.settle_waiting(&batch, true);
+    }
+
+    fn set_pair_states(&mut self, batch: &StoreBatch, state: PairState) {
+        for entry in &batch.remember {
+            let id = (entry.producer.to_string(), entry.sequence);
+            if let Some(pair) = self.pairs.get_mut(&id) {
+                if pair.tag == entry.tag {
+                    pair.state = state;
+                }
+            }
+        }
     }
 
     fn fail_slow_publish(&mut self) {
@@ -428,10 +629,12 @@ impl Model {
             self.now(),
             batch.tags()
         ));
-        self.sim.core.borrow_mut().on_publish_failed(batch.id);
+        self.sim.core.borrow_mut().on_publish_failed(&batch);
         for key in batch.tags() {
             self.messages.get_mut(&key).unwrap().abandoned = true;
         }
+        self.set_pair_states(&batch, PairState::Abandoned);
+        self.settle_waiting(&batch, false);
     }
 
     /// Subscribes, or checks that the refusal was owed to a bound.
@@ -965,6 +1168,27 @@ impl Model {
         let core = self.sim.core.borrow();
         core.assert_consistent();
         self.check_figures(&core.stats());
+        let table = core.dedup_table();
+        assert!(
+            table.len() <= self.dedup.entries_max && table.aged_len() <= self.dedup.entries_max
+        );
+        assert!(table.producers() <= self.dedup.producers_max);
+        let (start, end) = sequence_key_range();
+        let stored = self
+            .sim
+            .store
+            .inner
+            .scan_now(&start, Some(&end), usize::MAX)
+            .len();
+        // Pending pairs are in the table but not yet stored; forgotten ones are stored until
+        // a store command deletes them (queued, or in a batch not yet landed).
+        let deleting =
+            table.forget_queued() + self.slow.iter().map(|b| b.forget.len()).sum::<usize>();
+        assert!(
+            stored <= table.len() + deleting,
+            "{stored} sequence entries stored, the table remembers {} and will delete {deleting}",
+            table.len(),
+        );
         assert!(core.groups_len() <= self.cfg.groups_per_shard_max);
         assert_eq!(core.consumer_count(), self.consumers.len());
         for (id, c) in &self.consumers {

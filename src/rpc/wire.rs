@@ -15,6 +15,7 @@ use super::pinq_capnp::{
 };
 use crate::config::{AckLevel, PublishConfig};
 use crate::key::{validate_topic, EventKey, KeyError};
+pub use crate::log::sequences::PRODUCER_ID_LEN_MAX;
 pub use crate::message::HeaderRef;
 use crate::message::{
     ArchivedStoredMessage, CodecError, Header, StoredMessage, StoredMessageRef, UnstampedValue,
@@ -293,6 +294,10 @@ pub struct PublishMessage {
     /// Milliseconds from enqueue until the message expires; 0 = never.
     pub ttl_ms: u64,
     pub headers: Vec<Header>,
+    /// Idempotent publish: who numbers this message; empty = not idempotent.
+    pub producer_id: String,
+    /// Idempotent publish: the message's number in `producer_id`'s sequence.
+    pub sequence: u64,
 }
 
 impl PublishMessage {
@@ -323,7 +328,16 @@ impl PublishMessage {
                     value: &h.value,
                 })
                 .collect(),
+            producer_id: &self.producer_id,
+            sequence: self.sequence,
         }
+    }
+
+    /// This message numbered `sequence` by `producer_id` (idempotent publish).
+    pub fn with_sequence(mut self, producer_id: impl Into<String>, sequence: u64) -> Self {
+        self.producer_id = producer_id.into();
+        self.sequence = sequence;
+        self
     }
 }
 
@@ -358,12 +372,16 @@ pub fn write_publish_message(
             message.headers.len(),
             Field::at("messages", index, "headers"),
         )?;
-        let mut list = builder.init_headers(count);
+        let mut list = builder.reborrow().init_headers(count);
         for (i, h) in (0u32..).zip(&message.headers) {
             let mut entry = list.reborrow().get(i);
             entry.set_key(h.key.as_str());
             entry.set_value(&h.value);
         }
+    }
+    if !message.producer_id.is_empty() {
+        builder.set_producer_id(message.producer_id.as_str());
+        builder.set_sequence(message.sequence);
     }
     Ok(())
 }
@@ -405,6 +423,9 @@ pub struct PublishMessageRef<'a> {
     pub delay_ms: u64,
     pub ttl_ms: u64,
     pub headers: Vec<HeaderRef<'a>>,
+    /// Idempotent publish: empty = not idempotent (`sequence` is then ignored).
+    pub producer_id: &'a str,
+    pub sequence: u64,
 }
 
 impl PublishMessageRef<'_> {
@@ -458,6 +479,8 @@ impl PublishMessageRef<'_> {
             delay_ms: stored.delay_ms,
             ttl_ms: stored.ttl_ms,
             headers: stored.headers,
+            producer_id: self.producer_id.to_owned(),
+            sequence: self.sequence,
         }
     }
 }
@@ -506,12 +529,22 @@ pub fn read_publish_message<'a>(
     } else {
         Vec::new()
     };
+    let producer_id = if reader.has_producer_id() {
+        text(
+            reader.get_producer_id()?,
+            Field::at("messages", index, "producerId"),
+        )?
+    } else {
+        ""
+    };
     let message = PublishMessageRef {
         topic,
         payload,
         delay_ms,
         ttl_ms,
         headers,
+        producer_id,
+        sequence: reader.get_sequence(),
     };
     check_publish_message(&message, index, limits)?;
     Ok(message)
@@ -529,6 +562,13 @@ pub fn check_publish_message(
         field: Field::at("messages", index, "topic"),
         source,
     })?;
+    if message.producer_id.len() > PRODUCER_ID_LEN_MAX {
+        return Err(WireError::TooLong {
+            field: Field::at("messages", index, "producerId"),
+            len: message.producer_id.len(),
+            max: PRODUCER_ID_LEN_MAX,
+        });
+    }
     let bytes = message.counted_bytes();
     if bytes > limits.message_bytes_max && message.headers.is_empty() {
         return Err(WireError::TooLong {

@@ -306,7 +306,8 @@ async fn shard_main(
         Ok(opened) => opened,
         Err(e) => return fail(format!("cannot open storage: {e}")),
     };
-    let core = ShardCore::new(config.delivery.clone(), now_ms());
+    let core = ShardCore::new(config.delivery.clone(), now_ms())
+        .with_dedup_limits(crate::pipeline::dedup::DedupLimits::from(&config.publish));
     let (dispatcher, dispatcher_kicks) = Kick::new();
     let (deleter, deleter_kicks) = Kick::new();
     let mut shard = Shard::new(
@@ -325,6 +326,7 @@ async fn shard_main(
     }
     let shard = Rc::new(shard);
     drive::recover(&shard.core, &shard.store);
+    shard.load_sequences().await;
     if let Some(outbox) = outbox {
         if let Err(e) = start_cluster(&shard, &config, outbox) {
             return fail(e);

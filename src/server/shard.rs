@@ -558,7 +558,7 @@ impl Shard {
                 view.set_shard(self.id, store.status());
             }
             if serving != self.serving.get() {
-                self.reset_pipeline();
+                self.reset_pipeline().await;
                 self.serving.set(serving);
                 tracing::info!(
                     shard = self.id,
@@ -586,7 +586,7 @@ impl Shard {
     }
 
     /// A fresh pipeline core over the store's applied state; every consumer's stream ends.
-    fn reset_pipeline(&self) {
+    async fn reset_pipeline(&self) {
         let routes: Vec<Route> = self.routes.borrow_mut().drain().map(|(_, r)| r).collect();
         for route in routes {
             if route.sink.shard == self.id {
@@ -597,10 +597,33 @@ impl Shard {
                 });
             }
         }
-        let mut core = ShardCore::new(self.delivery.clone(), now_ms());
+        let limits = self.core.borrow().dedup_limits();
+        let mut core = ShardCore::new(self.delivery.clone(), now_ms()).with_dedup_limits(limits);
         core.recover_event_ids(crate::storage::Store::event_id_high_water(&self.store));
         self.core_epoch.set(self.core_epoch.get() + 1);
         *self.core.borrow_mut() = core;
+        self.load_sequences().await;
+    }
+
+    /// Loads the stored (producer, sequence) pairs of idempotent publish into the current core
+    /// (at start, and each time the core is replaced, before the shard serves).
+    pub async fn load_sequences(&self) {
+        let epoch = self.core_epoch.get();
+        match drive::read_sequences(&self.store).await {
+            Ok((entries, unreadable)) => {
+                if unreadable > 0 {
+                    tracing::warn!(
+                        shard = self.id,
+                        unreadable,
+                        "unreadable idempotent-publish entries skipped (a republish of their messages is stored again)"
+                    );
+                }
+                if self.core_epoch.get() == epoch {
+                    self.core.borrow_mut().recover_sequences(now_ms(), &entries);
+                }
+            }
+            Err(e) => self.on_store_error("reading the idempotent-publish entries", &e),
+        }
     }
 
     /// Waits while this shard does not serve (a follower's loops idle).

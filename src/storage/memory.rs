@@ -28,24 +28,19 @@ impl MemStore {
     pub fn apply(&self, command: &Command) -> u64 {
         let index = self.last_index.get() + 1;
         self.last_index.set(index);
-        let mut map = self.map.borrow_mut();
-        match command {
-            Command::Store {
-                messages,
-                event_id_high_water,
-            } => {
-                for (key, value) in messages {
-                    map.insert(key.to_key(), value.clone());
-                }
-                let high = self.event_id_high_water.get().max(*event_id_high_water);
-                self.event_id_high_water.set(high);
-            }
-            Command::Delete { keys } => {
-                for key in keys {
-                    map.remove(key.as_bytes().as_slice());
-                }
-            }
+        if let Some(high) = command.event_id_high_water() {
+            let high = self.event_id_high_water.get().max(high);
+            self.event_id_high_water.set(high);
         }
+        let mut map = self.map.borrow_mut();
+        command.for_each_op(|key, value| match value {
+            Some(value) => {
+                map.insert(key, value);
+            }
+            None => {
+                map.remove(key.as_slice());
+            }
+        });
         index
     }
 

@@ -73,6 +73,9 @@ const COUNTED_TOPICS_LIMIT: usize = 1 << 20;
 const GROUP_METRICS_LIMIT: usize = 1 << 16;
 const MESSAGE_BYTES_LIMIT: u64 = 64 << 20;
 const BATCH_LEN_LIMIT: usize = 1_000_000;
+const DEDUP_WINDOW_LIMIT: Duration = Duration::from_secs(7 * 24 * 3600);
+const DEDUP_PRODUCERS_LIMIT: usize = 1 << 20;
+const DEDUP_ENTRIES_LIMIT: usize = 1 << 26;
 const BYTES_IN_FLIGHT_MIN: u64 = 64 << 10;
 const BYTES_IN_FLIGHT_LIMIT: u64 = 64 << 30;
 const CONNECTIONS_LIMIT: usize = 1_000_000;
@@ -672,6 +675,24 @@ impl ConfigLoader {
                 BATCH_LEN_LIMIT,
             )?,
             ack_level_min,
+            dedup_window_ms: self.millis(
+                "publish.dedupWindow",
+                raw.dedup_window,
+                d.dedup_window_ms,
+                DEDUP_WINDOW_LIMIT,
+            )?,
+            dedup_producers_max: self.count(
+                "publish.dedupMaxProducers",
+                raw.dedup_max_producers,
+                d.dedup_producers_max,
+                DEDUP_PRODUCERS_LIMIT,
+            )?,
+            dedup_entries_max: self.count(
+                "publish.dedupMaxEntries",
+                raw.dedup_max_entries,
+                d.dedup_entries_max,
+                DEDUP_ENTRIES_LIMIT,
+            )?,
         })
     }
 

@@ -48,6 +48,9 @@ pub(super) struct RawPublish {
     pub(super) max_batch_messages: Option<u64>,
     pub(super) min_ack_level: Option<String>,
     pub(super) max_bytes_in_flight: Option<ByteSizeValue>,
+    pub(super) dedup_window: Option<DurationValue>,
+    pub(super) dedup_max_producers: Option<u64>,
+    pub(super) dedup_max_entries: Option<u64>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

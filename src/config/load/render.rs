@@ -78,6 +78,9 @@ impl Config {
              maxBatchMessages = {}\n\
              minAckLevel = {}\n\
              maxBytesInFlight = {}\n\
+             dedupWindow = {}\n\
+             dedupMaxProducers = {}\n\
+             dedupMaxEntries = {}\n\
              \n[server]\n\
              dataDir = {}\n\
              cpus = {}\n\
@@ -117,6 +120,9 @@ impl Config {
             p.batch_len_max,
             text(p.ack_level_min.as_str()),
             bytes(p.bytes_in_flight_max as u64),
+            duration(p.dedup_window_ms),
+            p.dedup_producers_max,
+            p.dedup_entries_max,
             text(&s.data_dir.to_string_lossy()),
             text(s.cpus.text()),
             text(&s.listen.to_string()),

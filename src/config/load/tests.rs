@@ -116,7 +116,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "tlsClientCaFile"
         ]
     );
-    assert_eq!(all_keys().len(), 18 + 4 + 14 + 3 + 10 + 1);
+    assert_eq!(all_keys().len(), 18 + 7 + 14 + 3 + 10 + 1);
 }
 
 #[test]
@@ -157,6 +157,9 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
         ("publish", "maxMessageBytes", "0"),
         ("publish", "maxBatchMessages", "0"),
         ("publish", "maxBytesInFlight", "0"),
+        ("publish", "dedupWindow", "\"0s\""),
+        ("publish", "dedupMaxProducers", "0"),
+        ("publish", "dedupMaxEntries", "0"),
         ("server", "maxConnections", "0"),
         ("server", "idleTimeout", "\"0s\""),
         ("server", "frameTimeout", "\"0ms\""),
@@ -493,6 +496,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_PUBLISH_MAX_BATCH_MESSAGES", "500"),
         ("PINQ_PUBLISH_MIN_ACK_LEVEL", "durable"),
         ("PINQ_PUBLISH_MAX_BYTES_IN_FLIGHT", "8MiB"),
+        ("PINQ_PUBLISH_DEDUP_WINDOW", "30s"),
+        ("PINQ_PUBLISH_DEDUP_MAX_PRODUCERS", "9"),
+        ("PINQ_PUBLISH_DEDUP_MAX_ENTRIES", "99"),
         ("PINQ_SERVER_DATA_DIR", "/var/lib/pinq"),
         ("PINQ_SERVER_CPUS", "1"),
         ("PINQ_SERVER_LISTEN", "0.0.0.0:7500"),
@@ -563,6 +569,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
             batch_len_max: 500,
             ack_level_min: AckLevel::Durable,
             bytes_in_flight_max: 8 << 20,
+            dedup_window_ms: 30_000,
+            dedup_producers_max: 9,
+            dedup_entries_max: 99,
         },
         server: ServerConfig {
             data_dir: PathBuf::from("/var/lib/pinq"),

@@ -34,10 +34,12 @@ mod transitions;
 pub use consumers::{ConsumerError, Delivery, TagResult};
 pub use publish::StoreBatch;
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use ahash::{AHashMap, AHashSet};
 
+use super::dedup::{DedupLimits, DedupTable};
 use super::deleter::{Deleter, DeleterLimits};
 use super::dispatcher::{TopicDispatch, Unapplied};
 use super::hub::{ConsumerId, Hub, HubLimits};
@@ -45,6 +47,7 @@ use super::inflight::InFlight;
 use super::janitor::Janitor;
 use super::stock::Stock;
 use crate::config::DeliveryConfig;
+use crate::storage::signal::Signal;
 
 pub use figures::{GroupFigures, TopicFigures};
 
@@ -68,6 +71,9 @@ pub struct Counters {
     /// Times dispatch paused because the delete backlog reached `deleteBacklogMaxKeys` (pause
     /// episodes, not passes skipped).
     pub delete_backlog_pauses_total: u64,
+    /// Published messages not stored because their (producer id, sequence) was already stored
+    /// inside `publish.dedupWindow` (answered with the original tag).
+    pub publish_duplicates_total: u64,
 }
 
 /// A snapshot of a shard's figures.
@@ -94,6 +100,9 @@ pub struct ShardStats {
     pub counted: bool,
     pub topics: Vec<TopicFigures>,
     pub groups: Vec<GroupFigures>,
+    /// (producer, sequence) pairs remembered for idempotent publish, and their producers.
+    pub dedup_entries: usize,
+    pub dedup_producers: usize,
 }
 
 /// Capacities of the tables that grow with load (memory accounting, tests).
@@ -128,6 +137,18 @@ pub struct ShardCore {
     wake: bool,
     productive: bool,
     counters: Counters,
+    /// Idempotent publish: the (producer, sequence) pairs stored inside the window.
+    dedup: DedupTable,
+    /// Notified whenever a publish batch settles (applied or failed), and when the core is
+    /// dropped: a batch that answered with a pending original waits on it.
+    settled: Rc<Signal>,
+}
+
+impl Drop for ShardCore {
+    fn drop(&mut self) {
+        // A replaced core's waiters wake, see they are no longer current, and give up.
+        self.settled.notify();
+    }
 }
 
 impl ShardCore {
@@ -168,7 +189,19 @@ impl ShardCore {
             wake: false,
             productive: false,
             counters: Counters::default(),
+            dedup: DedupTable::new(DedupLimits::default()),
+            settled: Rc::new(Signal::default()),
         }
+    }
+
+    /// Sets the bounds of idempotent publish (`[publish]`); call before the first publish.
+    pub fn with_dedup_limits(mut self, limits: DedupLimits) -> ShardCore {
+        self.dedup = DedupTable::new(limits);
+        self
+    }
+
+    pub fn dedup_limits(&self) -> DedupLimits {
+        self.dedup.limits()
     }
 
     /// Advances shard time; the wall clock may step back, shard time never does.
@@ -212,6 +245,8 @@ impl ShardCore {
             delete_queued: self.deleter.queued(),
             delete_backlog: self.deleter.backlog(),
             pending_copies: self.hub.recipients.values().map(|r| r.pending.len()).sum(),
+            dedup_entries: self.dedup.len(),
+            dedup_producers: self.dedup.producers(),
         }
     }
 

@@ -41,6 +41,8 @@ fn sample_messages() -> Vec<PublishMessage> {
                     value: Vec::new(),
                 },
             ],
+            producer_id: "billing-1".into(),
+            sequence: 77,
         },
         PublishMessage::new("x".repeat(255), Vec::new()),
     ]

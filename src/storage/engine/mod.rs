@@ -601,12 +601,8 @@ impl Inner {
         let batch = write_batch(command);
         {
             let mut st = self.state.borrow_mut();
-            if let Command::Store {
-                event_id_high_water,
-                ..
-            } = command
-            {
-                st.event_id_high_water = st.event_id_high_water.max(*event_id_high_water);
+            if let Some(event_id_high_water) = command.event_id_high_water() {
+                st.event_id_high_water = st.event_id_high_water.max(event_id_high_water);
             }
             let high_water = st.event_id_high_water;
             let mut active = st.active.borrow_mut();
@@ -713,19 +709,10 @@ impl Inner {
 /// The memtable operations a command stands for.
 fn write_batch(command: &Command) -> WriteBatch {
     let mut batch = WriteBatch::new();
-    match command {
-        Command::Store { messages, .. } => {
-            batch.ops.reserve(messages.len());
-            for (key, value) in messages {
-                batch.put(key.to_key(), value.clone());
-            }
-        }
-        Command::Delete { keys } => {
-            batch.ops.reserve(keys.len());
-            for key in keys {
-                batch.delete(key.to_key());
-            }
-        }
-    }
+    batch.ops.reserve(command.len());
+    command.for_each_op(|key, value| match value {
+        Some(value) => batch.put(key, value),
+        None => batch.delete(key),
+    });
     batch
 }
