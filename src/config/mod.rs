@@ -69,6 +69,14 @@ pub struct DeliveryConfig {
     /// `delivery.maxConsumersPerGroup`: consumers of one group (and universal consumers of one
     /// topic).
     pub consumers_per_group_max: usize,
+    /// `delivery.maxDeliveries`: deliveries of one copy before it is dead-lettered (0 =
+    /// unlimited); a group's policy may override it.
+    pub max_deliveries: u32,
+    /// `delivery.deadLetterTopic`: where dead letters go; `{topic}` stands for the source topic.
+    pub dead_letter_topic: String,
+    /// `delivery.redeliveryBackoff`: wait before a redelivery after a plain NACK or a lease
+    /// timeout, `INITIAL:MAX` (none: at once).
+    pub redelivery_backoff: Option<crate::pipeline::policy::Backoff>,
 }
 
 impl Default for DeliveryConfig {
@@ -90,6 +98,9 @@ impl Default for DeliveryConfig {
             groups_per_topic_max: 1024,
             groups_per_shard_max: 16_384,
             consumers_per_group_max: 1024,
+            max_deliveries: 0,
+            dead_letter_topic: crate::pipeline::policy::DEAD_LETTER_TOPIC_DEFAULT.to_owned(),
+            redelivery_backoff: None,
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod hub;
 pub mod inflight;
 pub mod janitor;
 pub mod memory;
+pub mod policy;
 pub mod shard;
 
 pub use crate::batch::{PublishError, ValidatedBatch};

@@ -45,6 +45,12 @@ impl MemStore {
                     map.remove(key.as_bytes().as_slice());
                 }
             }
+            Command::GroupPolicy { topic, group, .. } => {
+                map.insert(
+                    Command::policy_key(topic, group),
+                    Value::copy_from_slice(&command.to_bytes()),
+                );
+            }
         }
         index
     }

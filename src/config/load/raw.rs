@@ -36,6 +36,9 @@ pub(super) struct RawDelivery {
     pub(super) max_groups_per_topic: Option<u64>,
     pub(super) max_groups_per_shard: Option<u64>,
     pub(super) max_consumers_per_group: Option<u64>,
+    pub(super) max_deliveries: Option<u64>,
+    pub(super) dead_letter_topic: Option<String>,
+    pub(super) redelivery_backoff: Option<String>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

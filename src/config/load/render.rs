@@ -70,6 +70,9 @@ impl Config {
              maxGroupsPerTopic = {}\n\
              maxGroupsPerShard = {}\n\
              maxConsumersPerGroup = {}\n\
+             maxDeliveries = {}\n\
+             deadLetterTopic = {}\n\
+             redeliveryBackoff = {}\n\
              \n[publish]\n\
              maxMessageBytes = {}\n\
              maxBatchMessages = {}\n\
@@ -108,6 +111,9 @@ impl Config {
             d.groups_per_topic_max,
             d.groups_per_shard_max,
             d.consumers_per_group_max,
+            d.max_deliveries,
+            text(&d.dead_letter_topic),
+            text(&d.redelivery_backoff.map_or_else(|| "none".to_owned(), |b| b.text())),
             bytes(p.message_bytes_max as u64),
             p.batch_len_max,
             text(p.ack_level_min.as_str()),

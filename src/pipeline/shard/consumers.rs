@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::ShardCore;
+use super::{Release, ShardCore};
 use crate::key::{self, EventKey, KeyError, TopicHash};
 use crate::message::CheckedValue;
 use crate::pipeline::dispatcher::TopicDispatch;
@@ -90,13 +90,14 @@ impl ShardCore {
                 self.forget_copy(key, recipient);
             } else {
                 self.counters.redeliveries_disconnect_total += 1;
-                self.make_pending(key, recipient);
+                self.release(key, recipient, Release::Disconnect, 0);
             }
         }
         if let Some(removed) = gone.recipient_removed {
             for key in removed.pending {
                 self.forget_copy(key, recipient);
             }
+            self.forget_dead_lettered(recipient);
         }
         self.drop_topic_if_gone(&gone.consumer.topic);
         Ok(())
@@ -130,6 +131,7 @@ impl ShardCore {
     pub(super) fn forget_group_id(&mut self, recipient: RecipientId) -> Option<()> {
         let removed = self.hub.remove_group(recipient)?;
         self.counters.groups_forgotten_total += 1;
+        self.forget_dead_lettered(recipient);
         for key in removed.pending {
             self.forget_copy(key, recipient);
         }
@@ -219,7 +221,8 @@ impl ShardCore {
         })
     }
 
-    /// Releases copies held by `consumer` for redelivery, at once or after `delay_ms`.
+    /// Releases copies held by `consumer` for redelivery: after `delay_ms` if not 0, else after
+    /// the group's backoff (at once without one); a copy out of deliveries is dead-lettered.
     pub fn nack(
         &mut self,
         now_ms: u64,
@@ -227,17 +230,11 @@ impl ShardCore {
         tags: &[EventKey],
         delay_ms: u64,
     ) -> Result<Vec<TagResult>, ConsumerError> {
-        let now_ms = self.tick(now_ms);
+        self.tick(now_ms);
         self.settle(consumer, tags, |core, key, recipient| {
             core.counters.nacked_total += 1;
             core.counters.redeliveries_nack_total += 1;
-            if delay_ms == 0 {
-                core.make_pending(key, recipient);
-            } else {
-                let until_ms = now_ms.saturating_add(delay_ms);
-                let delayed = CopyState::Delayed { until_ms };
-                core.inflight.set_state(key, recipient, delayed, false);
-            }
+            core.release(key, recipient, Release::Nack, delay_ms);
         })
     }
 

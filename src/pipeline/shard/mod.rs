@@ -25,12 +25,14 @@
 //! [`deletes`] feeds the deleter and the janitor. This file holds the state they share.
 
 mod consumers;
+mod dead_letter;
 mod deletes;
 mod passes;
 mod publish;
 mod transitions;
 
 pub use consumers::{ConsumerError, Delivery, TagResult};
+pub use dead_letter::{DeadLetter, Release};
 pub use publish::StoreBatch;
 
 use std::sync::Arc;
@@ -42,6 +44,7 @@ use super::dispatcher::{TopicDispatch, Unapplied};
 use super::hub::{ConsumerId, Hub, HubLimits};
 use super::inflight::InFlight;
 use super::janitor::Janitor;
+use super::policy::Policy;
 use crate::config::DeliveryConfig;
 
 /// Counters of one shard (the metrics layer reads these).
@@ -64,6 +67,8 @@ pub struct Counters {
     /// Times dispatch paused because the delete backlog reached `deleteBacklogMaxKeys` (pause
     /// episodes, not passes skipped).
     pub delete_backlog_pauses_total: u64,
+    /// Copies moved to a dead-letter topic (stored there, then ACKed for their group).
+    pub dead_lettered_total: u64,
 }
 
 /// A snapshot of a shard's figures.
@@ -113,6 +118,7 @@ pub struct ShardCore {
     wake: bool,
     productive: bool,
     counters: Counters,
+    policies: dead_letter::Policies,
 }
 
 impl ShardCore {
@@ -139,6 +145,11 @@ impl ShardCore {
                 delivery.scan_batch_len_max.max(1024),
                 now_ms,
             ),
+            policies: dead_letter::Policies::new(Policy {
+                max_deliveries: delivery.max_deliveries,
+                dead_letter_topic: delivery.dead_letter_topic.clone(),
+                backoff: delivery.redelivery_backoff,
+            }),
             delivery,
             now_ms,
             next_event_id: 1,

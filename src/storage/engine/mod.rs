@@ -726,6 +726,13 @@ fn write_batch(command: &Command) -> WriteBatch {
                 batch.delete(key.to_key());
             }
         }
+        Command::GroupPolicy { topic, group, .. } => {
+            // The value is the whole checksummed command: the shard decodes it back at start.
+            batch.put(
+                Command::policy_key(topic, group),
+                Value::copy_from_slice(&command.to_bytes()),
+            );
+        }
     }
     batch
 }
