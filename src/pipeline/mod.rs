@@ -29,7 +29,8 @@ pub use deleter::DeleteBatch;
 pub use dispatcher::ScanRequest;
 pub use hub::{ConsumerId, HubLimits, Limit, RecipientId};
 pub use shard::{
-    Capacities, ConsumerError, Counters, Delivery, ShardCore, ShardStats, StoreBatch, TagResult,
+    Capacities, ConsumerError, Counters, DeadLetter, Delivery, Release, ShardCore, ShardStats,
+    StoreBatch, TagResult,
 };
 
 #[allow(unused_imports)]

@@ -251,6 +251,12 @@ impl broker::Server for Refuser {
         _: broker::ClusterStatusResults,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
         self.answer()
+    }    fn set_group_policy(
+        self: CapRc<Self>,
+        _: broker::SetGroupPolicyParams,
+        _: broker::SetGroupPolicyResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.answer()
     }
 }
 
@@ -699,6 +705,15 @@ impl broker::Server for BrokerImpl {
             })
             .await
             .map_err(|e| failed(format!("forgetGroup: {e}")))
+    }
+
+    async fn set_group_policy(
+        self: CapRc<Self>,
+        params: broker::SetGroupPolicyParams,
+        results: broker::SetGroupPolicyResults,
+    ) -> Result<(), capnp::Error> {
+        let _call = self.enter_call()?;
+        super::policy_call::set_group_policy(&self.shard, params, results, failed).await
     }
 }
 

@@ -20,7 +20,7 @@ use ahash::AHashMap;
 
 use super::ShardCore;
 use crate::key::EventKey;
-use crate::message::CheckedValue;
+use crate::message::{CheckedValue, Header};
 use crate::pipeline::hub::{Limit, RecipientId, RecipientKind};
 use crate::pipeline::inflight::CopyState;
 use crate::pipeline::policy::{Backoff, Policy, PolicyOverride};
@@ -65,6 +65,41 @@ pub const HEADER_TOPIC: &str = "pinq-dlq-topic";
 pub const HEADER_GROUP: &str = "pinq-dlq-group";
 pub const HEADER_ATTEMPTS: &str = "pinq-dlq-attempts";
 pub const HEADER_REASON: &str = "pinq-dlq-reason";
+
+impl DeadLetter {
+    /// The message to publish: the original payload and headers, plus headers naming the source
+    /// topic, group, attempts and last reason. It is due at once and never expires (whatever the
+    /// original's TTL: a dead letter is kept until someone reads it).
+    pub fn message(&self) -> crate::rpc::PublishMessage {
+        let original = self.value.message();
+        let mut headers: Vec<Header> = original
+            .headers
+            .iter()
+            .map(|h| Header {
+                key: h.key.as_str().to_owned(),
+                value: h.value.as_slice().to_vec(),
+            })
+            .collect();
+        for (key, value) in [
+            (HEADER_TOPIC, self.topic.as_bytes().to_vec()),
+            (HEADER_GROUP, self.group.as_bytes().to_vec()),
+            (HEADER_ATTEMPTS, self.attempts.to_string().into_bytes()),
+            (HEADER_REASON, self.reason.as_str().as_bytes().to_vec()),
+        ] {
+            headers.push(Header {
+                key: key.to_owned(),
+                value,
+            });
+        }
+        crate::rpc::PublishMessage {
+            topic: self.dead_letter_topic.clone(),
+            payload: original.payload.as_slice().to_vec(),
+            delay_ms: 0,
+            ttl_ms: 0,
+            headers,
+        }
+    }
+}
 
 /// Per-shard state of the policies: the defaults, the per-group overrides (bounded by
 /// `maxGroupsPerShard`), the dead-letter outbox and per-recipient dead-letter counts.
