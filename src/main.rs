@@ -23,6 +23,7 @@ fn main() -> ExitCode {
             | Command::Stats(_)
             | Command::Topology(_)
             | Command::Cluster(_)
+            | Command::Group(_)
     );
     init_logging(if quiet { "warn" } else { "info" });
     let outcome = match cli.command {
@@ -32,6 +33,7 @@ fn main() -> ExitCode {
         Command::Stats(args) => cli::client_cmds::stats(args),
         Command::Topology(args) => cli::client_cmds::topology(args),
         Command::Cluster(command) => cli::cluster_cmds::run(command),
+        Command::Group(command) => cli::group_cmds::run(command),
         Command::Bench(args) => bench(&args),
         // Doctor's exit status is its verdict, not an error.
         Command::Doctor(args) => {
