@@ -291,8 +291,9 @@ pub async fn recover_policies<S: Store>(
     }
 }
 
-/// Writes a group's policy durably, then applies it to the core. Refused (nothing written)
-/// past the bound on policies per shard.
+/// Writes a change of a group's policy durably, then applies it to the core (fields the change
+/// leaves `None` keep their value). An empty change only reads. Refused (nothing written) past
+/// the bound on policies per shard.
 pub async fn set_group_policy<S: Store>(
     core: &RefCell<ShardCore>,
     store: &S,
@@ -300,6 +301,10 @@ pub async fn set_group_policy<S: Store>(
     group: &str,
     policy: crate::pipeline::policy::PolicyOverride,
 ) -> Result<crate::pipeline::policy::Policy, PolicyFailure> {
+    if policy == crate::pipeline::policy::PolicyOverride::default() {
+        // Nothing to change: a read, and nothing is written.
+        return Ok(core.borrow().policy(topic, group));
+    }
     core.borrow().check_policy(topic, group)?;
     let command = crate::log::Command::GroupPolicy {
         topic: topic.to_owned(),

@@ -73,8 +73,9 @@ fn read(
         if !name.is_empty() {
             crate::key::validate_topic(&name.replace("{topic}", &topic))
                 .map_err(|e| format!("deadLetterTopic: {e}"))?;
-            policy.dead_letter_topic = Some(name);
         }
+        // Empty: back to the default.
+        policy.dead_letter_topic = Some(name);
     }
     if p.get_set_backoff() {
         let (initial, max) = (p.get_backoff_initial_ms(), p.get_backoff_max_ms());

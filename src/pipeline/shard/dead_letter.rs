@@ -301,19 +301,33 @@ impl ShardCore {
         Ok(())
     }
 
-    /// Applies a group's policy (the command was written, or is being replayed at start).
-    /// Replaces earlier overrides of the group; past the bound it is refused (a log written
-    /// under a larger bound).
+    /// Applies a change of a group's policy (the command was written, or is being replayed at
+    /// start): each field the change names replaces the group's override, the others stay; a
+    /// dead-letter topic of `""` goes back to the default. Past the bound it is refused (a log
+    /// written under a larger bound).
     pub fn set_policy(
         &mut self,
         topic: &str,
         group: &str,
-        policy: PolicyOverride,
+        change: PolicyOverride,
     ) -> Result<(), Limit> {
         self.check_policy(topic, group)?;
         let groups = self.policies.overrides.entry(Arc::from(topic)).or_default();
-        if groups.insert(Arc::from(group), policy).is_none() {
-            self.policies.overrides_len += 1;
+        let slot = match groups.get_mut(group) {
+            Some(slot) => slot,
+            None => {
+                self.policies.overrides_len += 1;
+                groups.entry(Arc::from(group)).or_default()
+            }
+        };
+        if let Some(n) = change.max_deliveries {
+            slot.max_deliveries = Some(n);
+        }
+        if let Some(name) = change.dead_letter_topic {
+            slot.dead_letter_topic = (!name.is_empty()).then_some(name);
+        }
+        if let Some(backoff) = change.backoff {
+            slot.backoff = Some(backoff);
         }
         self.wake = true;
         Ok(())
