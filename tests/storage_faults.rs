@@ -82,6 +82,13 @@ impl Model {
                     self.rows.remove(key.to_key().as_slice());
                 }
             }
+            // The engine keeps a group policy as its encoded command under the policy key.
+            Command::GroupPolicy { topic, group, .. } => {
+                self.rows.insert(
+                    Command::policy_key(topic, group),
+                    Value::copy_from_slice(&command.to_bytes()),
+                );
+            }
         }
     }
 

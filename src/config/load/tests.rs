@@ -105,7 +105,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "maxSubscriptionsPerConnection"
         ]
     );
-    assert_eq!(all_keys().len(), 16 + 4 + 11 + 3 + 10);
+    assert_eq!(all_keys().len(), 19 + 4 + 11 + 3 + 10);
 }
 
 #[test]
@@ -470,6 +470,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_DELIVERY_MAX_GROUPS_PER_TOPIC", "3"),
         ("PINQ_DELIVERY_MAX_GROUPS_PER_SHARD", "7"),
         ("PINQ_DELIVERY_MAX_CONSUMERS_PER_GROUP", "5"),
+        ("PINQ_DELIVERY_MAX_DELIVERIES", "4"),
+        ("PINQ_DELIVERY_DEAD_LETTER_TOPIC", "dead.{topic}"),
+        ("PINQ_DELIVERY_REDELIVERY_BACKOFF", "100ms:10s"),
         ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "64KiB"),
         ("PINQ_PUBLISH_MAX_BATCH_MESSAGES", "500"),
         ("PINQ_PUBLISH_MIN_ACK_LEVEL", "durable"),
@@ -528,6 +531,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
             groups_per_topic_max: 3,
             groups_per_shard_max: 7,
             consumers_per_group_max: 5,
+            max_deliveries: 4,
+            dead_letter_topic: "dead.{topic}".into(),
+            redelivery_backoff: crate::pipeline::policy::Backoff::new(100, 10_000).ok(),
         },
         publish: PublishConfig {
             message_bytes_max: 64 << 10,
