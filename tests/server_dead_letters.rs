@@ -33,8 +33,16 @@ fn header<'a>(d: &'a Delivery, key: &str) -> Option<&'a str> {
 
 /// Publishes one poison message on `topic`, NACKs every delivery of it for `group`, and returns
 /// the attempts seen and the dead letter read from `dlq`.
-async fn nack_until_dead(client: &Client, topic: &str, group: &str, dlq: &str) -> (Vec<u32>, Delivery) {
-    let dead = client.subscribe(dlq, "inspect", 0).await.expect("subscribe dlq");
+async fn nack_until_dead(
+    client: &Client,
+    topic: &str,
+    group: &str,
+    dlq: &str,
+) -> (Vec<u32>, Delivery) {
+    let dead = client
+        .subscribe(dlq, "inspect", 0)
+        .await
+        .expect("subscribe dlq");
     let sub = client.subscribe(topic, group, 0).await.expect("subscribe");
     let mut message = PublishMessage::new(topic, "poison");
     message.headers.push(Header {
@@ -86,7 +94,11 @@ fn poison_message_nacked_until_it_lands_in_the_dead_letter_topic_with_its_header
             let client = Client::connect(addr).await.expect("connect");
             nack_until_dead(&client, &t, "workers", &format!("{t}.dlq")).await
         });
-        assert_eq!(attempts, vec![1, 2, 3], "{topic}: three deliveries, then none");
+        assert_eq!(
+            attempts,
+            vec![1, 2, 3],
+            "{topic}: three deliveries, then none"
+        );
         assert_dead_letter(&letter, &topic, "workers", "3");
     }
     // Counted once per dead letter, on the source topic's shards.
@@ -100,7 +112,10 @@ fn poison_message_nacked_until_it_lands_in_the_dead_letter_topic_with_its_header
         if total == 2.0 {
             break;
         }
-        assert!(Instant::now() < deadline, "pinq_dead_lettered_total {total}, want 2");
+        assert!(
+            Instant::now() < deadline,
+            "pinq_dead_lettered_total {total}, want 2"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -111,8 +126,18 @@ fn backoff_spaces_redeliveries_as_the_policy_says_and_an_explicit_delay_keeps_it
     let addr = server.server_arg();
     let (code, out, err) = cli(
         &[
-            "group", "policy", "--server", &addr, "--topic", "slow", "--group", "g",
-            "--backoff", "300ms:1200ms", "--max-deliveries", "6",
+            "group",
+            "policy",
+            "--server",
+            &addr,
+            "--topic",
+            "slow",
+            "--group",
+            "g",
+            "--backoff",
+            "300ms:1200ms",
+            "--max-deliveries",
+            "6",
         ],
         None,
     );
@@ -174,8 +199,18 @@ fn a_group_policy_survives_kill_9_and_still_dead_letters() {
     let addr = server.server_arg();
     let (code, out, err) = cli(
         &[
-            "group", "policy", "--server", &addr, "--topic", "jobs", "--group", "w",
-            "--max-deliveries", "2", "--dead-letter-topic", "dead.{topic}",
+            "group",
+            "policy",
+            "--server",
+            &addr,
+            "--topic",
+            "jobs",
+            "--group",
+            "w",
+            "--max-deliveries",
+            "2",
+            "--dead-letter-topic",
+            "dead.{topic}",
         ],
         None,
     );
@@ -188,7 +223,9 @@ fn a_group_policy_survives_kill_9_and_still_dead_letters() {
     let addr = server.server_arg();
     // No flags: the call only reads the policy, which came back from the log.
     let (code, out, err) = cli(
-        &["group", "policy", "--server", &addr, "--topic", "jobs", "--group", "w"],
+        &[
+            "group", "policy", "--server", &addr, "--topic", "jobs", "--group", "w",
+        ],
         None,
     );
     assert_eq!(code, 0, "{err}");

@@ -89,7 +89,9 @@ fn policy(args: PolicyArgs) -> anyhow::Result<()> {
             println!("deadLetterTopic: {}", policy.dead_letter_topic);
             println!(
                 "backoff: {}",
-                policy.backoff.map_or_else(|| "none".to_owned(), |b| b.text())
+                policy
+                    .backoff
+                    .map_or_else(|| "none".to_owned(), |b| b.text())
             );
             Ok(())
         })

@@ -118,7 +118,11 @@ impl Command {
                         .sum::<usize>()
                 }
                 Command::Delete { keys } => 4 + keys.len() * EVENT_KEY_LEN,
-                Command::GroupPolicy { topic, group, policy } => {
+                Command::GroupPolicy {
+                    topic,
+                    group,
+                    policy,
+                } => {
                     2 + topic.len()
                         + 2
                         + group.len()
@@ -464,14 +468,18 @@ mod tests {
         bytes[at] = 0x40;
         assert!(matches!(
             Command::decode(&sealed(bytes.clone())),
-            Err(CommandError::Malformed { what: "policy flags" })
+            Err(CommandError::Malformed {
+                what: "policy flags"
+            })
         ));
         bytes[at] = POLICY_BACKOFF_SET | POLICY_BACKOFF_ON;
         let len = bytes.len();
         bytes[len - 16..].copy_from_slice(&[0u8; 16]);
         assert!(matches!(
             Command::decode(&sealed(bytes)),
-            Err(CommandError::Malformed { what: "policy backoff bounds" })
+            Err(CommandError::Malformed {
+                what: "policy backoff bounds"
+            })
         ));
     }
 

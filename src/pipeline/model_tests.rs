@@ -809,12 +809,17 @@ impl Model {
             };
             let record = self.copies.get(&(letter.key, rcpt)).copied();
             assert!(max > 0, "dead letter {letter:?} of an unlimited group");
-            assert_eq!(
-                record.map(|r| r.last_attempt),
-                Some(letter.attempts),
-                "dead letter {letter:?}: the model saw other attempts"
+            // A copy may be queued, time out and be dead-lettered before it was ever drained:
+            // the model saw at most as many attempts as the core counted.
+            assert!(
+                record.map_or(0, |r| r.last_attempt) <= letter.attempts,
+                "dead letter {letter:?}: the model saw more attempts ({record:?})"
             );
-            assert!(letter.attempts >= max, "dead letter after {} < {max}", letter.attempts);
+            assert!(
+                letter.attempts >= max,
+                "dead letter after {} < {max}",
+                letter.attempts
+            );
             assert_eq!(letter.dead_letter_topic, format!("{}.dlq", TOPICS[topic]));
             assert_eq!(letter.value.message().topic.as_str(), TOPICS[topic]);
             let m = &self.messages[&letter.key];
@@ -1207,7 +1212,12 @@ fn run_seed(seed: u64) -> (u64, u64, u64, u64) {
             model.seed, model.seed
         );
     }
-    (model.refused.0, model.refused.1, model.dead_letters.0, model.dead_letters.1)
+    (
+        model.refused.0,
+        model.refused.1,
+        model.dead_letters.0,
+        model.dead_letters.1,
+    )
 }
 
 #[test]
@@ -1228,7 +1238,10 @@ fn model_test_random_operations_keep_the_delivery_invariants() {
         dead = (dead.0 + stored, dead.1 + lost);
     }
     // The seeds dead-letter copies, and lose some dead letters that their guard brings back.
-    assert!(dead.0 > 0 && dead.1 > 0, "dead letters (stored, lost): {dead:?}");
+    assert!(
+        dead.0 > 0 && dead.1 > 0,
+        "dead letters (stored, lost): {dead:?}"
+    );
     // The bounds are small enough that the seeds meet both kinds of refusal.
     assert!(
         refused.0 > 0 && refused.1 > 0,

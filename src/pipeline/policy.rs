@@ -36,12 +36,11 @@ impl Backoff {
         let (initial, max) = text
             .split_once(':')
             .ok_or_else(|| BackoffError::Form(text.into()))?;
-        let initial_ms = parse_duration_ms(initial.trim()).ok_or_else(|| {
-            BackoffError::Duration {
+        let initial_ms =
+            parse_duration_ms(initial.trim()).ok_or_else(|| BackoffError::Duration {
                 which: "INITIAL",
                 text: initial.into(),
-            }
-        })?;
+            })?;
         let max_ms = parse_duration_ms(max.trim()).ok_or_else(|| BackoffError::Duration {
             which: "MAX",
             text: max.into(),
@@ -169,7 +168,10 @@ mod tests {
         ));
         assert!(matches!(
             Backoff::parse("abc:1s"),
-            Err(BackoffError::Duration { which: "INITIAL", .. })
+            Err(BackoffError::Duration {
+                which: "INITIAL",
+                ..
+            })
         ));
         assert!(matches!(
             Backoff::parse("10s:1s"),
@@ -190,7 +192,9 @@ mod tests {
             assert!((150..=200).contains(&third), "attempt 3: {third}");
             let fourth = b.delay_ms(4, seed);
             assert!((300..=400).contains(&fourth), "attempt 4: {fourth}");
-            for attempt in 5..80 {
+            let fifth = b.delay_ms(5, seed);
+            assert!((600..=800).contains(&fifth), "attempt 5: {fifth}");
+            for attempt in 6..80 {
                 let d = b.delay_ms(attempt, seed);
                 assert!((750..=1000).contains(&d), "attempt {attempt}: {d}");
             }

@@ -251,7 +251,8 @@ impl broker::Server for Refuser {
         _: broker::ClusterStatusResults,
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
         self.answer()
-    }    fn set_group_policy(
+    }
+    fn set_group_policy(
         self: CapRc<Self>,
         _: broker::SetGroupPolicyParams,
         _: broker::SetGroupPolicyResults,

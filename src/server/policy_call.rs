@@ -18,7 +18,8 @@ pub async fn set_group_policy(
     mut results: broker::SetGroupPolicyResults,
     failed: fn(String) -> capnp::Error,
 ) -> Result<(), capnp::Error> {
-    let (topic, group, policy) = read(params).map_err(|e| failed(format!("setGroupPolicy: {e}")))?;
+    let (topic, group, policy) =
+        read(params).map_err(|e| failed(format!("setGroupPolicy: {e}")))?;
     let owner = TopicHash::of(&topic).shard(shard.count);
     let policy: Policy = shard
         .call(owner, |reply| Request::SetGroupPolicy {
@@ -32,18 +33,14 @@ pub async fn set_group_policy(
     let mut out = results.get().init_policy();
     out.set_max_deliveries(policy.max_deliveries);
     out.set_dead_letter_topic(policy.dead_letter_topic_of(&topic).as_str());
-    let (initial, max) = policy
-        .backoff
-        .map_or((0, 0), |b| (b.initial_ms, b.max_ms));
+    let (initial, max) = policy.backoff.map_or((0, 0), |b| (b.initial_ms, b.max_ms));
     out.set_backoff_initial_ms(initial);
     out.set_backoff_max_ms(max);
     Ok(())
 }
 
 /// The request as (topic, group, overrides), every field checked.
-fn read(
-    params: broker::SetGroupPolicyParams,
-) -> Result<(String, String, PolicyOverride), String> {
+fn read(params: broker::SetGroupPolicyParams) -> Result<(String, String, PolicyOverride), String> {
     let p = params.get().map_err(|e| e.to_string())?;
     let text = |r: capnp::Result<capnp::text::Reader<'_>>, what: &str| -> Result<String, String> {
         r.map_err(|e| e.to_string())?

@@ -285,7 +285,11 @@ impl Shard {
             .or_insert(RateLimit::new(LOG_INTERVAL_MS))
             .admit(now_ms());
         if let Some(suppressed) = admitted {
-            tracing::warn!(shard = self.id, suppressed, "{what} not stored, retried: {detail}");
+            tracing::warn!(
+                shard = self.id,
+                suppressed,
+                "{what} not stored, retried: {detail}"
+            );
         }
     }
 

@@ -113,7 +113,10 @@ impl Config {
             d.consumers_per_group_max,
             d.max_deliveries,
             text(&d.dead_letter_topic),
-            text(&d.redelivery_backoff.map_or_else(|| "none".to_owned(), |b| b.text())),
+            text(
+                &d.redelivery_backoff
+                    .map_or_else(|| "none".to_owned(), |b| b.text())
+            ),
             bytes(p.message_bytes_max as u64),
             p.batch_len_max,
             text(p.ack_level_min.as_str()),

@@ -215,7 +215,9 @@ impl ShardCore {
             self.forget_copy(key, recipient);
             return;
         };
-        let guard_ms = self.now_ms.saturating_add(self.delivery.in_flight_timeout_ms);
+        let guard_ms = self
+            .now_ms
+            .saturating_add(self.delivery.in_flight_timeout_ms);
         self.inflight.set_state(
             key,
             recipient,
