@@ -219,16 +219,16 @@ impl Model {
             dead_letters: (0, 0),
             confirm_all: false,
         };
-        for topic in 0..topics {
+        for (name, max) in TOPICS.iter().zip(model.max_deliveries.clone()) {
             let policy = crate::pipeline::policy::PolicyOverride {
-                max_deliveries: Some(model.max_deliveries[topic]),
+                max_deliveries: Some(max),
                 ..Default::default()
             };
             model
                 .sim
                 .core
                 .borrow_mut()
-                .set_policy(TOPICS[topic], STICKY_GROUP, policy)
+                .set_policy(name, STICKY_GROUP, policy)
                 .expect("a policy per sticky group fits maxGroupsPerShard");
         }
         model.note(format!("seed {seed}: {} topics, {:?}", topics, model.cfg));
