@@ -219,6 +219,20 @@ fn event_key(rng: &mut fastrand::Rng) -> EventKey {
 }
 
 fn command(rng: &mut fastrand::Rng) -> Command {
+    if rng.u8(..) < 40 {
+        return Command::GroupPolicy {
+            topic: "t".repeat(rng.usize(1..20)),
+            group: "g".repeat(rng.usize(0..20)),
+            policy: pinq::pipeline::policy::PolicyOverride {
+                max_deliveries: rng.bool().then(|| rng.u32(..)),
+                dead_letter_topic: rng.bool().then(|| "d".repeat(rng.usize(0..20))),
+                backoff: rng.bool().then(|| {
+                    let initial = rng.u64(1..1000);
+                    pinq::pipeline::policy::Backoff::new(initial, initial + rng.u64(..1000)).ok()
+                }),
+            },
+        };
+    }
     let messages = |rng: &mut fastrand::Rng| {
         (0..rng.usize(0..5))
             .map(|_| {
@@ -270,11 +284,19 @@ fn decode_command(bytes: &[u8]) {
 }
 
 fn walk_command(command: &Command) {
-    if let Command::Store { messages, .. } | Command::StoreSequenced { messages, .. } = command {
-        for (key, value) in messages {
-            let _ = key.to_key();
-            let _ = value.message();
+    match command {
+        Command::Store { messages, .. } | Command::StoreSequenced { messages, .. } => {
+            for (key, value) in messages {
+                let _ = key.to_key();
+                let _ = value.message();
+            }
         }
+        Command::GroupPolicy { topic, group, .. } => {
+            // A decoded policy must round-trip: the store keeps its encoding as the value.
+            let _ = Command::policy_key(topic, group);
+            assert_eq!(Command::decode(&command.to_bytes()).as_ref(), Ok(command));
+        }
+        Command::Delete { .. } => {}
     }
     command.for_each_op(|key, value| {
         let _ = (key.len(), value.map(|v| v.len()));

@@ -121,6 +121,24 @@ interface Broker {
   clusterStatus @6 () -> (status :ClusterStatus);
   # In a cluster: every member node and this node's view of every shard's Raft group (on the
   # shard's leader, with each follower's progress). Standalone: `nodeId` 0 and no nodes.
+
+  setGroupPolicy @7 (topic :Text, group :Text,
+                     setMaxDeliveries :Bool, maxDeliveries :UInt32,
+                     setDeadLetterTopic :Bool, deadLetterTopic :Text,
+                     setBackoff :Bool, backoffInitialMs :UInt64, backoffMaxMs :UInt64)
+      -> (policy :GroupPolicy);
+  # Admin: overrides the `[delivery]` redelivery defaults for one consumer group of a topic,
+  # durably (a command in the shard's log; it survives restarts and replicates). Only the fields
+  # whose `set...` flag is true change; with no flag set the call only reads the policy. The
+  # group need not exist yet. Answers the policy now in force (defaults with overrides).
+  # `maxDeliveries`: deliveries of one copy before it goes to the dead-letter topic; 0 =
+  # unlimited. `deadLetterTopic`: where its dead letters go, `{topic}` standing for `topic`;
+  # empty with `setDeadLetterTopic` = back to the default. Backoff: `backoffInitialMs` 0 =
+  # no backoff for this group (a plain NACK redelivers at once), else
+  # 1 <= backoffInitialMs <= backoffMaxMs <= 86400000. In a cluster the call goes to the
+  # topic's shard leader (like `subscribe`). Fails (`failed`, text "code: sentence") on an empty
+  # group, a bad topic or bounds, or past `delivery.maxGroupsPerShard` policies
+  # (`tooManyGroups`).
 }
 
 struct NotLeader {
@@ -368,6 +386,21 @@ struct ShardStats {
   # False until the shard has counted its store once since it started (within about a second,
   # plus the time to read the store): until then `backlog`, `scheduled` and the topics' figures
   # miss messages stored before the start.
+}
+
+struct GroupPolicy {
+  # The redelivery policy in force for one group: the `[delivery]` defaults with the group's
+  # overrides (see `Broker.setGroupPolicy`).
+
+  maxDeliveries @0 :UInt32;
+  # Deliveries of one copy before it is dead-lettered; 0 = unlimited.
+  deadLetterTopic @1 :Text;
+  # The dead-letter topic of this group's topic (`{topic}` already replaced).
+  backoffInitialMs @2 :UInt64;
+  # Wait before the first redelivery (attempt 2) after a plain NACK or a lease timeout, doubling
+  # per attempt (jitter takes up to a quarter off, never below this) up to `backoffMaxMs`;
+  # 0 = no backoff (redelivered at once).
+  backoffMaxMs @3 :UInt64;
 }
 
 struct GroupStats {

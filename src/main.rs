@@ -25,6 +25,7 @@ fn main() -> ExitCode {
             | Command::Groups(_)
             | Command::Topology(_)
             | Command::Cluster(_)
+            | Command::Group(_)
     );
     init_logging(if quiet { "warn" } else { "info" });
     let outcome = match cli.command {
@@ -36,6 +37,7 @@ fn main() -> ExitCode {
         Command::Groups(args) => cli::stats_cmds::groups(args),
         Command::Topology(args) => cli::client_cmds::topology(args),
         Command::Cluster(command) => cli::cluster_cmds::run(command),
+        Command::Group(command) => cli::group_cmds::run(command),
         Command::Bench(args) => bench(&args),
         // Doctor's exit status is its verdict, not an error.
         Command::Doctor(args) => {

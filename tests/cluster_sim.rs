@@ -754,6 +754,8 @@ impl Sim {
                         self.check.deleted_at.entry(id).or_insert(entry.index);
                     }
                 }
+                // The simulation proposes no group policies (shard metadata, not messages).
+                Command::GroupPolicy { .. } => {}
             }
         }
         node.sm.applied = entry.index;
@@ -787,6 +789,7 @@ impl Sim {
                             self.stats.deleted_keys += 1;
                         }
                     }
+                    Command::GroupPolicy { .. } => {}
                 }
             }
         }

@@ -11,6 +11,7 @@ pub mod client_cmds;
 pub mod cluster_cmds;
 pub mod connect_args;
 pub mod doctor_args;
+pub mod group_cmds;
 pub mod serve_args;
 pub mod stats_cmds;
 
@@ -55,6 +56,10 @@ pub enum Command {
     /// Inspect a cluster: `pinq cluster status --server ADDR [--json]`.
     #[command(subcommand)]
     Cluster(cluster_cmds::ClusterCommand),
+    /// Administer consumer groups: `pinq group policy --server ADDR --topic T --group G
+    /// [--max-deliveries N] [--dead-letter-topic NAME] [--backoff INITIAL:MAX]`.
+    #[command(subcommand)]
+    Group(group_cmds::GroupCommand),
     /// Load-test a broker (one it starts, or --server): throughput, latency percentiles, and a
     /// check that every message arrived.
     Bench(BenchArgs),

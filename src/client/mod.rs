@@ -22,6 +22,7 @@
 //!
 //! Errors are a [`ClientError`]; nothing here panics on a bad reply or a lost connection.
 
+mod policy;
 mod publisher;
 mod router;
 mod subscription;
@@ -44,6 +45,7 @@ use capnp_rpc::{twoparty, RpcSystem};
 use futures_lite::io::{BufReader, BufWriter};
 use glommio::net::TcpStream;
 
+pub use self::policy::GroupPolicy;
 pub use self::publisher::Publisher;
 pub use self::router::{Router, RouterOptions};
 pub use self::subscription::Subscription;

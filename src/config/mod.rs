@@ -87,6 +87,14 @@ pub struct DeliveryConfig {
     /// `delivery.maxGroupMetrics`: groups of a shard exported with their own labels; the rest
     /// are summed under `group="_other"`.
     pub group_metrics_max: usize,
+    /// `delivery.maxDeliveries`: deliveries of one copy before it is dead-lettered (0 =
+    /// unlimited); a group's policy may override it.
+    pub max_deliveries: u32,
+    /// `delivery.deadLetterTopic`: where dead letters go; `{topic}` stands for the source topic.
+    pub dead_letter_topic: String,
+    /// `delivery.redeliveryBackoff`: wait before a redelivery after a plain NACK or a lease
+    /// timeout, `INITIAL:MAX` (none: at once).
+    pub redelivery_backoff: Option<crate::pipeline::policy::Backoff>,
 }
 
 impl Default for DeliveryConfig {
@@ -110,6 +118,9 @@ impl Default for DeliveryConfig {
             consumers_per_group_max: 1024,
             counted_topics_max: 4096,
             group_metrics_max: 256,
+            max_deliveries: 0,
+            dead_letter_topic: crate::pipeline::policy::DEAD_LETTER_TOPIC_DEFAULT.to_owned(),
+            redelivery_backoff: None,
         }
     }
 }

@@ -9,21 +9,30 @@
 //! command = crc32c u32 LE | version u8 | kind u8 | body          crc = crc32c(version ‖ kind ‖ body)
 //! store   (kind 1) = event_id_high_water u64 LE | count u32 LE | (key[24] | len u32 LE | value[len])*
 //! delete  (kind 2) = count u32 LE | key[24]*
+//! policy  (kind 3) = topic str16 | group str16 | flags u8 | max_deliveries u32 LE
+//!                    | dead_letter_topic str16 | backoff_initial_ms u64 LE | backoff_max_ms u64 LE
+//!                    str16 = len u16 LE | UTF-8[len]; flags: 1 max set, 2 topic set,
+//!                    4 backoff set, 8 backoff on (unset fields are written as zero / empty)
 //! store with sequences (kind 5) = store body (as kind 1)
 //!           | remember u32 LE | (producer_len u8 | producer | sequence u64 LE | tag[24] | stored_at_ms u64 LE)*
 //!           | forget u32 LE | event_id u64 LE*
 //! ```
 //!
-//! Kind 5 is a store that also writes the (producer, sequence) entries of idempotent publish and
-//! deletes expired ones (see [`super::sequences`]); a publish without producer ids and with
-//! nothing to forget is still written as kind 1, so old logs and new plain publishes read alike.
+//! Kinds 1 and 2 are the message log. Kind 3 (a group's redelivery policy, written by the
+//! `setGroupPolicy` admin call) is shard metadata: the store keeps it under a key whose first
+//! u64 is [`POLICY_KEY_PREFIX`] (top bit set, so never an event key), and the shard reads it back
+//! at start. Kind 5 is a store that also writes the (producer, sequence) entries of idempotent
+//! publish and deletes expired ones (see [`super::sequences`]); a publish without producer ids
+//! and with nothing to forget is still written as kind 1. Adding a kind changes nothing in how
+//! the others are written: old logs decode.
 //!
 //! Decoding checks the checksum first, then every length against the bytes present before
 //! allocating, and refuses trailing bytes: bytes from a disk or a peer are untrusted.
 
 use super::sequences::{sequence_key, SequenceEntry};
-use crate::key::{EventKey, Key, EVENT_KEY_LEN};
+use crate::key::{EventKey, Key, TopicHash, EVENT_KEY_LEN};
 use crate::message::Value;
+use crate::pipeline::policy::{Backoff, PolicyOverride};
 
 /// Version of the encoding written today. A decoder refuses versions it does not know.
 pub const COMMAND_VERSION: u8 = 1;
@@ -33,6 +42,15 @@ const KIND_DELETE: u8 = 2;
 const KIND_STORE_SEQUENCED: u8 = 5;
 /// Smallest encoded sequence entry: an empty producer, sequence, tag and time.
 const SEQUENCE_ENTRY_BYTES_MIN: usize = 1 + 8 + EVENT_KEY_LEN + 8;
+
+// ---- dead letters and redelivery policy (kinds 3 and 4) ------------------------------------
+const KIND_GROUP_POLICY: u8 = 3;
+/// First u64 of the store key of a group's policy: `prefix | topic hash | group hash`.
+pub const POLICY_KEY_PREFIX: u64 = 0x8000_0000_0000_0001;
+const POLICY_MAX_SET: u8 = 1;
+const POLICY_TOPIC_SET: u8 = 2;
+const POLICY_BACKOFF_SET: u8 = 4;
+const POLICY_BACKOFF_ON: u8 = 8;
 /// `crc u32 | version u8 | kind u8`.
 const HEADER_BYTES: usize = 6;
 
@@ -54,6 +72,12 @@ pub enum Command {
         event_id_high_water: u64,
         remember: Vec<SequenceEntry>,
         forget: Vec<u64>,
+    },
+    /// Sets a group's overrides of the `[delivery]` redelivery defaults (replacing earlier ones).
+    GroupPolicy {
+        topic: String,
+        group: String,
+        policy: PolicyOverride,
     },
 }
 
@@ -84,6 +108,7 @@ impl Command {
                 forget,
                 ..
             } => messages.len() + remember.len() + forget.len(),
+            Command::GroupPolicy { .. } => 1,
         }
     }
 
@@ -98,13 +123,13 @@ impl Command {
                 event_id_high_water,
                 ..
             } => Some(*event_id_high_water),
-            Command::Delete { .. } => None,
+            Command::Delete { .. } | Command::GroupPolicy { .. } => None,
         }
     }
 
     /// The store puts (`Some` value) and deletes (`None`) this command stands for, in order:
-    /// messages, remembered sequence entries (as metadata keys), then deletes. The one mapping
-    /// every store uses.
+    /// messages, remembered sequence entries (as metadata keys), then deletes; a group policy
+    /// is one put under its metadata key. The one mapping every store uses.
     pub fn for_each_op(&self, mut op: impl FnMut(Key, Option<Value>)) {
         match self {
             Command::Store { messages, .. } => {
@@ -136,7 +161,28 @@ impl Command {
                     op(sequence_key(*event_id), None);
                 }
             }
+            // The value is the whole checksummed command: the shard decodes it back at start.
+            Command::GroupPolicy { topic, group, .. } => op(
+                Command::policy_key(topic, group),
+                Some(Value::copy_from_slice(&self.to_bytes())),
+            ),
         }
+    }
+
+    /// The store key a [`Command::GroupPolicy`] of `topic` and `group` is kept under.
+    pub fn policy_key(topic: &str, group: &str) -> Key {
+        let group_hash = xxhash_rust::xxh3::xxh3_64_with_seed(group.as_bytes(), 0);
+        let mut key = Key::new();
+        key.extend_from_slice(&POLICY_KEY_PREFIX.to_be_bytes());
+        key.extend_from_slice(&TopicHash::of(topic).0.to_be_bytes());
+        key.extend_from_slice(&group_hash.to_be_bytes());
+        key
+    }
+
+    /// The key range holding every group policy: `[start, end)`.
+    pub fn policy_key_range() -> (Key, Key) {
+        let bound = |prefix: u64| Key::from_slice(&prefix.to_be_bytes());
+        (bound(POLICY_KEY_PREFIX), bound(POLICY_KEY_PREFIX + 1))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -168,6 +214,20 @@ impl Command {
                         + remember.iter().map(SequenceEntry::body_len).sum::<usize>()
                         + 4
                         + forget.len() * 8
+                }
+                Command::GroupPolicy {
+                    topic,
+                    group,
+                    policy,
+                } => {
+                    2 + topic.len()
+                        + 2
+                        + group.len()
+                        + 1
+                        + 4
+                        + 2
+                        + policy.dead_letter_topic.as_ref().map_or(0, String::len)
+                        + 16
                 }
             }
     }
@@ -210,6 +270,14 @@ impl Command {
                     out.extend_from_slice(&event_id.to_le_bytes());
                 }
             }
+            Command::GroupPolicy {
+                topic,
+                group,
+                policy,
+            } => {
+                out.push(KIND_GROUP_POLICY);
+                encode_policy(topic, group, policy, out);
+            }
         }
         let crc = crc32c::crc32c(&out[start + 4..]);
         out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
@@ -247,6 +315,7 @@ impl Command {
             KIND_STORE => decode_store(&mut r)?,
             KIND_DELETE => decode_delete(&mut r)?,
             KIND_STORE_SEQUENCED => decode_store_sequenced(&mut r)?,
+            KIND_GROUP_POLICY => decode_policy(&mut r)?,
             found => return Err(CommandError::UnknownKind { found }),
         };
         if !r.buf.is_empty() {
@@ -340,6 +409,79 @@ fn decode_delete(r: &mut Reader<'_>) -> Result<Command, CommandError> {
     Ok(Command::Delete { keys })
 }
 
+/// Writes a str16: callers pass names already checked to fit (topics and groups are at most
+/// 255 bytes); a longer one is cut at a char boundary rather than written with a lying length.
+fn put_str16(text: &str, out: &mut Vec<u8>) {
+    let mut len = text.len().min(u16::MAX as usize);
+    while !text.is_char_boundary(len) {
+        len -= 1;
+    }
+    out.extend_from_slice(&(len as u16).to_le_bytes());
+    out.extend_from_slice(&text.as_bytes()[..len]);
+}
+
+fn encode_policy(topic: &str, group: &str, policy: &PolicyOverride, out: &mut Vec<u8>) {
+    put_str16(topic, out);
+    put_str16(group, out);
+    let mut flags = 0;
+    if policy.max_deliveries.is_some() {
+        flags |= POLICY_MAX_SET;
+    }
+    if policy.dead_letter_topic.is_some() {
+        flags |= POLICY_TOPIC_SET;
+    }
+    if let Some(backoff) = policy.backoff {
+        flags |= POLICY_BACKOFF_SET;
+        if backoff.is_some() {
+            flags |= POLICY_BACKOFF_ON;
+        }
+    }
+    out.push(flags);
+    out.extend_from_slice(&policy.max_deliveries.unwrap_or(0).to_le_bytes());
+    put_str16(policy.dead_letter_topic.as_deref().unwrap_or(""), out);
+    let (initial, max) = policy
+        .backoff
+        .flatten()
+        .map_or((0, 0), |b| (b.initial_ms, b.max_ms));
+    out.extend_from_slice(&initial.to_le_bytes());
+    out.extend_from_slice(&max.to_le_bytes());
+}
+
+fn decode_policy(r: &mut Reader<'_>) -> Result<Command, CommandError> {
+    let topic = r.str16("policy topic")?;
+    let group = r.str16("policy group")?;
+    let flags = r.take(1, "policy flags")?[0];
+    if flags & !(POLICY_MAX_SET | POLICY_TOPIC_SET | POLICY_BACKOFF_SET | POLICY_BACKOFF_ON) != 0
+        || (flags & POLICY_BACKOFF_ON != 0 && flags & POLICY_BACKOFF_SET == 0)
+    {
+        return Err(CommandError::Malformed {
+            what: "policy flags",
+        });
+    }
+    let max = r.u32("policy max deliveries")?;
+    let dead_letter_topic = r.str16("policy dead-letter topic")?;
+    let initial_ms = r.u64("policy backoff initial")?;
+    let max_ms = r.u64("policy backoff max")?;
+    let backoff = if flags & POLICY_BACKOFF_ON != 0 {
+        Some(
+            Backoff::new(initial_ms, max_ms).map_err(|_| CommandError::Malformed {
+                what: "policy backoff bounds",
+            })?,
+        )
+    } else {
+        None
+    };
+    Ok(Command::GroupPolicy {
+        topic,
+        group,
+        policy: PolicyOverride {
+            max_deliveries: (flags & POLICY_MAX_SET != 0).then_some(max),
+            dead_letter_topic: (flags & POLICY_TOPIC_SET != 0).then_some(dead_letter_topic),
+            backoff: (flags & POLICY_BACKOFF_SET != 0).then_some(backoff),
+        },
+    })
+}
+
 /// A cursor that refuses to read past its end.
 struct Reader<'a> {
     buf: &'a [u8],
@@ -364,6 +506,13 @@ impl<'a> Reader<'a> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8, what)?);
         Ok(u64::from_le_bytes(a))
+    }
+
+    fn str16(&mut self, what: &'static str) -> Result<String, CommandError> {
+        let b = self.take(2, what)?;
+        let len = u16::from_le_bytes([b[0], b[1]]) as usize;
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| CommandError::Malformed { what })
     }
 
     fn key(&mut self) -> Result<EventKey, CommandError> {
@@ -422,13 +571,35 @@ mod tests {
         }
     }
 
+    fn policy() -> Command {
+        Command::GroupPolicy {
+            topic: "jobs".into(),
+            group: "workers".into(),
+            policy: PolicyOverride {
+                max_deliveries: Some(5),
+                dead_letter_topic: Some("jobs.dead".into()),
+                backoff: Some(Backoff::new(100, 10_000).ok()),
+            },
+        }
+    }
+
     #[test]
     fn commands_round_trip() {
+        let unset = Command::GroupPolicy {
+            topic: "t".into(),
+            group: "g".into(),
+            policy: PolicyOverride {
+                backoff: Some(None),
+                ..PolicyOverride::default()
+            },
+        };
         for command in [
             store(),
             delete(),
             Command::Delete { keys: vec![] },
             store_sequenced(),
+            policy(),
+            unset,
         ] {
             let bytes = command.to_bytes();
             assert_eq!(bytes.len(), command.encoded_len());
@@ -438,7 +609,7 @@ mod tests {
 
     #[test]
     fn every_flipped_bit_is_refused() {
-        for command in [store(), delete(), store_sequenced()] {
+        for command in [store(), delete(), store_sequenced(), policy()] {
             let bytes = command.to_bytes();
             for byte in 0..bytes.len() {
                 for bit in 0..8 {
@@ -455,7 +626,7 @@ mod tests {
 
     #[test]
     fn every_truncation_is_refused() {
-        for command in [store(), store_sequenced()] {
+        for command in [store(), store_sequenced(), policy()] {
             let bytes = command.to_bytes();
             for cut in 0..bytes.len() {
                 assert!(Command::decode(&bytes[..cut]).is_err(), "cut at {cut}");
@@ -491,6 +662,39 @@ mod tests {
         assert!(matches!(
             Command::decode(&sealed(bytes)),
             Err(CommandError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn policy_keys_are_never_event_keys_and_sit_in_their_range() {
+        let key = Command::policy_key("jobs", "workers");
+        assert!(EventKey::parse(&key).is_err());
+        let (start, end) = Command::policy_key_range();
+        assert!(key >= start && key < end);
+        assert_ne!(key, Command::policy_key("jobs", "others"));
+        assert_ne!(key, Command::policy_key("other", "workers"));
+    }
+
+    #[test]
+    fn policy_with_bad_flags_or_backoff_is_refused() {
+        let mut bytes = policy().to_bytes();
+        // flags sit after the two names: 6 + (2 + 4) + (2 + 7)
+        let at = HEADER_BYTES + 6 + 9;
+        bytes[at] = 0x40;
+        assert!(matches!(
+            Command::decode(&sealed(bytes.clone())),
+            Err(CommandError::Malformed {
+                what: "policy flags"
+            })
+        ));
+        bytes[at] = POLICY_BACKOFF_SET | POLICY_BACKOFF_ON;
+        let len = bytes.len();
+        bytes[len - 16..].copy_from_slice(&[0u8; 16]);
+        assert!(matches!(
+            Command::decode(&sealed(bytes)),
+            Err(CommandError::Malformed {
+                what: "policy backoff bounds"
+            })
         ));
     }
 

@@ -97,6 +97,11 @@ const COUNTERS: &[(&str, &str, Read)] = &[
         "Consumer groups forgotten after groupRetention without consumers, or on request.",
         |s| s.stats.counters.groups_forgotten_total,
     ),
+    (
+        "pinq_dead_lettered",
+        "Copies moved to a dead-letter topic after their group's delivery.maxDeliveries (stored there, then ACKed for the group).",
+        |s| s.stats.counters.dead_lettered_total,
+    ),
 ];
 
 const LABELLED_COUNTERS: &[Labelled] = &[

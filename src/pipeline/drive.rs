@@ -323,3 +323,74 @@ where
         between_pages().await;
     }
 }
+
+/// Loads every group policy the log has applied into the core (call at start and whenever a
+/// fresh core takes over, after [`recover`]). A record that does not decode is skipped and
+/// reported: the policy command was checksummed when written, so that is damage, and the group
+/// falls back to the `[delivery]` defaults rather than stopping the shard.
+pub async fn recover_policies<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+) -> Result<usize, StoreError> {
+    let (mut start, end) = crate::log::Command::policy_key_range();
+    let page = 256;
+    let mut loaded = 0;
+    loop {
+        let rows = store.scan(&start, Some(&end), page).await?;
+        for (key, value) in &rows {
+            match crate::log::Command::decode(value.as_bytes()) {
+                Ok(crate::log::Command::GroupPolicy {
+                    topic,
+                    group,
+                    policy,
+                }) => match core.borrow_mut().set_policy(&topic, &group, policy) {
+                    Ok(()) => loaded += 1,
+                    Err(e) => tracing::warn!("group policy of {topic:?}/{group:?} not loaded: {e}"),
+                },
+                Ok(_) | Err(_) => tracing::warn!("unreadable group policy record {key:02x?}"),
+            }
+        }
+        match rows.last() {
+            Some((last, _)) if rows.len() == page => {
+                start = last.clone();
+                start.push(0);
+            }
+            _ => return Ok(loaded),
+        }
+    }
+}
+
+/// Writes a change of a group's policy durably, then applies it to the core (fields the change
+/// leaves `None` keep their value). An empty change only reads. Refused (nothing written) past
+/// the bound on policies per shard.
+pub async fn set_group_policy<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    topic: &str,
+    group: &str,
+    policy: crate::pipeline::policy::PolicyOverride,
+) -> Result<crate::pipeline::policy::Policy, PolicyFailure> {
+    if policy == crate::pipeline::policy::PolicyOverride::default() {
+        // Nothing to change: a read, and nothing is written.
+        return Ok(core.borrow().policy(topic, group));
+    }
+    core.borrow().check_policy(topic, group)?;
+    let command = crate::log::Command::GroupPolicy {
+        topic: topic.to_owned(),
+        group: group.to_owned(),
+        policy: policy.clone(),
+    };
+    store.commit(&command, Sync::Durable).await?;
+    let mut core = core.borrow_mut();
+    core.set_policy(topic, group, policy)?;
+    Ok(core.policy(topic, group))
+}
+
+/// Why a group policy was not set.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyFailure {
+    #[error("{0}")]
+    Limit(#[from] super::Limit),
+    #[error("storage failed: {0}")]
+    Store(#[from] StoreError),
+}

@@ -22,6 +22,7 @@ pub mod hub;
 pub mod inflight;
 pub mod janitor;
 pub mod memory;
+pub mod policy;
 pub mod shard;
 pub mod stock;
 
@@ -30,8 +31,8 @@ pub use deleter::DeleteBatch;
 pub use dispatcher::ScanRequest;
 pub use hub::{ConsumerId, HubLimits, Limit, RecipientId};
 pub use shard::{
-    Capacities, ConsumerError, Counters, Delivery, GroupFigures, ShardCore, ShardStats, StoreBatch,
-    TagResult, TopicFigures,
+    Capacities, ConsumerError, Counters, DeadLetter, Delivery, GroupFigures, Release, ShardCore,
+    ShardStats, StoreBatch, TagResult, TopicFigures,
 };
 
 #[allow(unused_imports)]

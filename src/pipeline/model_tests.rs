@@ -20,6 +20,11 @@
 //!   a new tag for such a pair only once the table's bounds forgot pairs (its eviction counters
 //!   say so); a republish while the original's batch is not applied waits on it, and learns
 //!   whether it was stored; stored sequence entries stay within the table and its delete queue;
+//! - dead letters (each topic's sticky group has a random `maxDeliveries` policy, the defaults a
+//!   random backoff): no copy is delivered more often than its group's maximum; a dead letter
+//!   names a copy delivered exactly that often, of its topic, bound for `{topic}.dlq`; a
+//!   confirmed one ACKs the copy for its group; an unconfirmed one (a lost publish) comes back
+//!   after its guard;
 //! - at the end, with every consumer ACKing and time run past every delay, lease, TTL and
 //!   retention, every message without a TTL reached every sticky recipient and the store is empty.
 //!
@@ -176,6 +181,12 @@ struct Model {
     sequences: [u64; 3],
     /// Republishes answered with a pending original, waiting for it.
     waiting: Vec<StoreBatch>,
+    /// `maxDeliveries` of each topic's sticky group (0 = unlimited).
+    max_deliveries: Vec<u32>,
+    /// Dead letters confirmed, and those dropped as if their publish had failed.
+    dead_letters: (u64, u64),
+    /// In the final phase every dead letter is confirmed.
+    confirm_all: bool,
 }
 
 impl Model {
@@ -201,8 +212,15 @@ impl Model {
             consumers_per_group_max: rng.usize(2..=6),
             counted_topics_max: rng.usize(1..=3),
             group_metrics_max: 4,
+            max_deliveries: 0,
+            dead_letter_topic: crate::pipeline::policy::DEAD_LETTER_TOPIC_DEFAULT.into(),
+            redelivery_backoff: rng
+                .bool()
+                .then(|| crate::pipeline::policy::Backoff::new(rng.u64(1..=20), 400).ok())
+                .flatten(),
         };
         let topics = rng.usize(2..=3);
+        let max_deliveries: Vec<u32> = (0..topics).map(|_| [0, 1, 2, 3][rng.usize(0..4)]).collect();
         // Every topic's sticky group must fit.
         let cfg = DeliveryConfig {
             groups_per_shard_max: rng.usize(topics..=2 * topics),
@@ -239,7 +257,22 @@ impl Model {
             pairs: BTreeMap::new(),
             sequences: [0; 3],
             waiting: Vec::new(),
+            max_deliveries,
+            dead_letters: (0, 0),
+            confirm_all: false,
         };
+        for (name, max) in TOPICS.iter().zip(model.max_deliveries.clone()) {
+            let policy = crate::pipeline::policy::PolicyOverride {
+                max_deliveries: Some(max),
+                ..Default::default()
+            };
+            model
+                .sim
+                .core
+                .borrow_mut()
+                .set_policy(name, STICKY_GROUP, policy)
+                .expect("a policy per sticky group fits maxGroupsPerShard");
+        }
         model.note(format!("seed {seed}: {} topics, {:?}", topics, model.cfg));
         for topic in 0..topics {
             model.subscribe(topic, STICKY_GROUP, true);
@@ -751,6 +784,7 @@ impl Model {
         let now = self.now();
         self.note(format!("@{now} unsubscribe {id:?}"));
         self.sim.core.borrow_mut().unsubscribe(now, id).unwrap();
+        self.collect_dead_letters();
         if let Some(gone) = self.consumers.remove(&id) {
             let left = self
                 .consumers
@@ -859,6 +893,14 @@ impl Model {
             m.enqueued_at_ms + m.ttl_ms
         );
         assert!(!m.deleted, "{key:?} delivered after its delete was applied");
+        if c.group == STICKY_GROUP {
+            let max = self.max_deliveries[c.topic];
+            assert!(
+                max == 0 || delivery.attempt <= max,
+                "{key:?} delivered to {rcpt:?} for attempt {}, past maxDeliveries {max}",
+                delivery.attempt
+            );
+        }
         let emptied_at_ms = c.emptied_at_ms;
         let previous = self.copies.get(&(key, rcpt)).copied();
         if let Some(record) = previous {
@@ -947,6 +989,71 @@ impl Model {
         assert_eq!(results.len(), tags.len());
         for (key, result) in tags.iter().zip(results) {
             self.check_settled(consumer, *key, result, how);
+        }
+        self.collect_dead_letters();
+    }
+
+    /// Takes the core's dead letters, checks each, and confirms it (its publish succeeded) or,
+    /// now and then in the random phase, drops it (its publish failed: the guard brings it back).
+    fn collect_dead_letters(&mut self) {
+        let letters = self.sim.core.borrow_mut().take_dead_letters();
+        for letter in letters {
+            let topic = TOPICS
+                .iter()
+                .position(|t| *t == letter.topic.as_ref())
+                .expect("a dead letter of a known topic");
+            assert_eq!(
+                letter.group.as_ref(),
+                STICKY_GROUP,
+                "only sticky groups have a maximum"
+            );
+            let max = self.max_deliveries[topic];
+            let rcpt = Rcpt::Group {
+                topic,
+                group: STICKY_GROUP,
+            };
+            let record = self.copies.get(&(letter.key, rcpt)).copied();
+            assert!(max > 0, "dead letter {letter:?} of an unlimited group");
+            // A copy may be queued, time out and be dead-lettered before it was ever drained:
+            // the model saw at most as many attempts as the core counted.
+            assert!(
+                record.map_or(0, |r| r.last_attempt) <= letter.attempts,
+                "dead letter {letter:?}: the model saw more attempts ({record:?})"
+            );
+            assert!(
+                letter.attempts >= max,
+                "dead letter after {} < {max}",
+                letter.attempts
+            );
+            assert_eq!(letter.dead_letter_topic, format!("{}.dlq", TOPICS[topic]));
+            assert_eq!(letter.value.message().topic.as_str(), TOPICS[topic]);
+            let m = &self.messages[&letter.key];
+            assert!(!m.acked_by.contains(&rcpt), "dead letter of an ACKed copy");
+            let confirm = self.confirm_all || self.rng.u8(0..10) < 8;
+            let now = self.now();
+            self.note(format!(
+                "@{now} dead letter {:?} attempts {} {}",
+                letter.key,
+                letter.attempts,
+                if confirm { "stored" } else { "lost" }
+            ));
+            if !confirm {
+                self.dead_letters.1 += 1;
+                continue;
+            }
+            self.dead_letters.0 += 1;
+            self.sim
+                .core
+                .borrow_mut()
+                .on_dead_lettered(now, letter.key, letter.recipient);
+            self.messages
+                .get_mut(&letter.key)
+                .unwrap()
+                .acked_by
+                .insert(rcpt);
+            if let Some(record) = self.copies.get_mut(&(letter.key, rcpt)) {
+                record.state = CopyState::Acked;
+            }
         }
     }
 
@@ -1057,6 +1164,7 @@ impl Model {
         self.passes += 1;
         self.last_pass_ms = self.now();
         let productive = self.sim.pass();
+        self.collect_dead_letters();
         self.note(format!(
             "@{} pass {} -> productive {productive}",
             self.now(),
@@ -1239,6 +1347,7 @@ impl Model {
     /// TTL, group retention, delete interval and sweep interval; repeated until nothing is left.
     fn final_phase(&mut self) {
         self.note("final phase".into());
+        self.confirm_all = true;
         while !self.slow.is_empty() {
             self.complete_slow_publish();
         }
@@ -1331,8 +1440,9 @@ impl Model {
     }
 }
 
-/// Runs one seed; returns the subscriptions refused for groups and for consumers.
-fn run_seed(seed: u64) -> (u64, u64) {
+/// Runs one seed; returns the subscriptions refused for groups and for consumers, and the dead
+/// letters confirmed and lost.
+fn run_seed(seed: u64) -> (u64, u64, u64, u64) {
     let mut model = Model::new(seed);
     let outcome = catch_unwind(AssertUnwindSafe(|| model.run()));
     if let Err(panic) = outcome {
@@ -1354,24 +1464,36 @@ fn run_seed(seed: u64) -> (u64, u64) {
             model.seed, model.seed
         );
     }
-    model.refused
+    (
+        model.refused.0,
+        model.refused.1,
+        model.dead_letters.0,
+        model.dead_letters.1,
+    )
 }
 
 #[test]
 fn model_test_random_operations_keep_the_delivery_invariants() {
     if let Ok(seed) = std::env::var("PINQ_MODEL_SEED") {
         let refused = run_seed(seed.parse().expect("PINQ_MODEL_SEED is a number"));
-        eprintln!("refusals (groups, consumers): {refused:?}");
+        eprintln!("refusals (groups, consumers), dead letters (stored, lost): {refused:?}");
         return;
     }
     let seeds = std::env::var("PINQ_MODEL_SEEDS")
         .ok()
         .map_or(SEEDS, |n| n.parse().expect("PINQ_MODEL_SEEDS is a number"));
     let mut refused = (0, 0);
+    let mut dead = (0, 0);
     for seed in 0..seeds {
-        let (groups, consumers) = run_seed(seed);
+        let (groups, consumers, stored, lost) = run_seed(seed);
         refused = (refused.0 + groups, refused.1 + consumers);
+        dead = (dead.0 + stored, dead.1 + lost);
     }
+    // The seeds dead-letter copies, and lose some dead letters that their guard brings back.
+    assert!(
+        dead.0 > 0 && dead.1 > 0,
+        "dead letters (stored, lost): {dead:?}"
+    );
     // The bounds are small enough that the seeds meet both kinds of refusal.
     assert!(
         refused.0 > 0 && refused.1 > 0,

@@ -283,6 +283,13 @@ impl broker::Server for Refuser {
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
         self.answer()
     }
+    fn set_group_policy(
+        self: CapRc<Self>,
+        _: broker::SetGroupPolicyParams,
+        _: broker::SetGroupPolicyResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.answer()
+    }
 }
 
 struct BrokerImpl {
@@ -779,6 +786,18 @@ impl broker::Server for BrokerImpl {
             })
             .await
             .map_err(|e| failed(format!("forgetGroup: {e}")))
+    }
+
+    async fn set_group_policy(
+        self: CapRc<Self>,
+        params: broker::SetGroupPolicyParams,
+        results: broker::SetGroupPolicyResults,
+    ) -> Result<(), capnp::Error> {
+        let _call = self.enter_call()?;
+        self.admit(Some(Action::Admin {
+            what: "setGroupPolicy",
+        }))?;
+        super::policy_call::set_group_policy(&self.shard, params, results, failed).await
     }
 }
 

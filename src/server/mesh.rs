@@ -86,6 +86,13 @@ pub enum Request {
         group: String,
         reply: Reply<()>,
     },
+    /// Sets a group's redelivery policy overrides; answers the policy in force.
+    SetGroupPolicy {
+        topic: String,
+        group: String,
+        policy: crate::pipeline::policy::PolicyOverride,
+        reply: Reply<crate::pipeline::policy::Policy>,
+    },
 }
 
 /// Everything that crosses between two shards.

@@ -14,6 +14,7 @@ pub mod connection;
 pub mod exclusive;
 pub mod limits;
 pub mod mesh;
+pub mod policy_call;
 pub mod shard;
 pub mod shutdown;
 
@@ -321,12 +322,16 @@ async fn shard_main(
         deleter,
         ops.shutdown.clone(),
     );
+    shard = shard.with_publish(config.publish.clone());
     if let Some(view) = cluster_view {
         shard = shard.with_cluster(view);
     }
     let shard = Rc::new(shard);
     drive::recover(&shard.core, &shard.store);
     shard.load_sequences().await;
+    if let Err(e) = drive::recover_policies(&shard.core, &shard.store).await {
+        return fail(format!("cannot read group policies: {e}"));
+    }
     if let Some(outbox) = outbox {
         if let Err(e) = start_cluster(&shard, &config, outbox) {
             return fail(e);

@@ -148,6 +148,8 @@ pub struct Shard {
     auth_refusals: Cell<crate::security::auth::AuthRefusalCounts>,
     /// Rate limits of the loops' repeated store-error lines, by site.
     error_logs: RefCell<AHashMap<&'static str, RateLimit>>,
+    /// The publish limits a dead letter is checked against (as a client's publish is).
+    publish: crate::config::PublishConfig,
 }
 
 impl Shard {
@@ -187,7 +189,14 @@ impl Shard {
             refusals: Cell::new(RefusalCounts::default()),
             auth_refusals: Cell::new(Default::default()),
             error_logs: RefCell::new(AHashMap::new()),
+            publish: crate::config::PublishConfig::default(),
         }
+    }
+
+    /// The `[publish]` limits dead letters are checked against.
+    pub fn with_publish(mut self, publish: crate::config::PublishConfig) -> Shard {
+        self.publish = publish;
+        self
     }
 
     /// Makes this shard a member of a cluster: it serves only while its replica leads.
@@ -265,6 +274,23 @@ impl Shard {
             tracing::error!(
                 shard = self.id,
                 "{what}: storage failed for good, stopping the broker: {error}"
+            );
+        }
+    }
+
+    /// Logs a repeated failure of `what` at most once per [`LOG_INTERVAL_MS`].
+    fn log_limited(&self, what: &'static str, detail: std::fmt::Arguments<'_>) {
+        let admitted = self
+            .error_logs
+            .borrow_mut()
+            .entry(what)
+            .or_insert(RateLimit::new(LOG_INTERVAL_MS))
+            .admit(now_ms());
+        if let Some(suppressed) = admitted {
+            tracing::warn!(
+                shard = self.id,
+                suppressed,
+                "{what} not stored, retried: {detail}"
             );
         }
     }
@@ -409,6 +435,7 @@ impl Shard {
                 if let Err(e) = self.core.borrow_mut().unsubscribe(now_ms(), consumer) {
                     tracing::debug!(shard = self.id, "unsubscribe: {e}");
                 }
+                self.send_dead_letters();
                 self.dispatcher.kick();
                 self.deleter.kick();
             }
@@ -427,6 +454,7 @@ impl Shard {
                         SettleOp::Touch => core.touch(now, consumer, &tags),
                     }
                 };
+                self.send_dead_letters();
                 self.dispatcher.kick();
                 self.deleter.kick();
                 let _ = reply.send(result.map_err(|e| Refused::Failed(e.to_string())));
@@ -446,6 +474,69 @@ impl Shard {
                 self.deleter.kick();
                 let _ = reply.send(result.map_err(|e| Refused::Failed(e.to_string())));
             }
+            Request::SetGroupPolicy {
+                topic,
+                group,
+                policy,
+                reply,
+            } => {
+                let result =
+                    drive::set_group_policy(&self.core, &self.store, &topic, &group, policy).await;
+                self.dispatcher.kick();
+                let _ = reply.send(result.map_err(|e| match e {
+                    drive::PolicyFailure::Limit(limit) => {
+                        self.refused(Code::TooManyGroups);
+                        Refused::Failed(Code::TooManyGroups.error(limit).extra)
+                    }
+                    drive::PolicyFailure::Store(e) => {
+                        self.on_store_error("a group policy write", &e);
+                        Refused::Failed(format!("storage failed: {e}"))
+                    }
+                }));
+            }
+        }
+    }
+
+    /// Publishes the core's queued dead letters, each in a task of its own, durably to its
+    /// topic's owning shard (this one or another, over the mesh); the copy is ACKed for its group
+    /// only once its dead letter is stored (`pipeline::shard::dead_letter`). A failed publish is
+    /// retried when the copy's guard (`inFlightTimeout`) runs out.
+    fn send_dead_letters(self: &Rc<Self>) {
+        let letters = self.core.borrow_mut().take_dead_letters();
+        for letter in letters {
+            let shard = self.clone();
+            glommio::spawn_local(async move { shard.send_dead_letter(letter).await }).detach();
+        }
+    }
+
+    async fn send_dead_letter(self: Rc<Self>, letter: crate::pipeline::DeadLetter) {
+        let message = letter.message();
+        let batch = match crate::batch::ValidatedBatch::from_messages(
+            std::slice::from_ref(&message),
+            crate::config::AckLevel::Durable,
+            &self.publish,
+        ) {
+            Ok(batch) => batch,
+            Err(e) => {
+                // Too large with the added headers: kept parked, tried again after the guard.
+                self.log_limited("a dead letter", format_args!("{e}"));
+                return;
+            }
+        };
+        let owner = crate::key::TopicHash::of(&message.topic).shard(self.count);
+        let epoch = self.core_epoch.get();
+        match self
+            .call(owner, |reply| Request::Publish { batch, reply })
+            .await
+        {
+            Ok(_) if self.core_epoch.get() == epoch => {
+                self.core
+                    .borrow_mut()
+                    .on_dead_lettered(now_ms(), letter.key, letter.recipient);
+                self.deleter.kick();
+            }
+            Ok(_) => {}
+            Err(e) => self.log_limited("a dead letter", format_args!("{e}")),
         }
     }
 
@@ -473,6 +564,7 @@ impl Shard {
             Request::Subscribe { reply, .. } => drop(reply.send(Err(refused))),
             Request::Settle { reply, .. } => drop(reply.send(Err(refused))),
             Request::ForgetGroup { reply, .. } => drop(reply.send(Err(refused))),
+            Request::SetGroupPolicy { reply, .. } => drop(reply.send(Err(refused))),
             Request::Unsubscribe { .. } => {}
             other @ Request::Stats { .. } => return Some(other),
         }
@@ -559,6 +651,11 @@ impl Shard {
             }
             if serving != self.serving.get() {
                 self.reset_pipeline().await;
+                if serving {
+                    if let Err(e) = drive::recover_policies(&self.core, &self.store).await {
+                        self.on_store_error("loading group policies", &e);
+                    }
+                }
                 self.serving.set(serving);
                 tracing::info!(
                     shard = self.id,
@@ -782,6 +879,7 @@ impl Shard {
                         false
                     }
                 };
+            self.send_dead_letters();
             let ready = self.core.borrow_mut().take_ready();
             for consumer in ready {
                 self.pump(consumer).await;

@@ -633,6 +633,30 @@ impl ConfigLoader {
                 d.group_metrics_max,
                 GROUP_METRICS_LIMIT,
             )?,
+            max_deliveries: match raw.max_deliveries {
+                None => d.max_deliveries,
+                Some(n) => u32::try_from(n).map_err(|_| {
+                    self.invalid(
+                        "delivery.maxDeliveries",
+                        format!("must be at most {}, found {n}", u32::MAX),
+                    )
+                })?,
+            },
+            dead_letter_topic: match raw.dead_letter_topic {
+                None => d.dead_letter_topic,
+                Some(text) => {
+                    crate::key::validate_topic(&text.replace("{topic}", "t"))
+                        .map_err(|e| self.invalid("delivery.deadLetterTopic", e.to_string()))?;
+                    text
+                }
+            },
+            redelivery_backoff: match raw.redelivery_backoff.as_deref().map(str::trim) {
+                None | Some("" | "none") => None,
+                Some(text) => Some(
+                    crate::pipeline::policy::Backoff::parse(text)
+                        .map_err(|e| self.invalid("delivery.redeliveryBackoff", e.to_string()))?,
+                ),
+            },
         })
     }
 

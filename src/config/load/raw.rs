@@ -39,6 +39,9 @@ pub(super) struct RawDelivery {
     pub(super) max_consumers_per_group: Option<u64>,
     pub(super) max_counted_topics: Option<u64>,
     pub(super) max_group_metrics: Option<u64>,
+    pub(super) max_deliveries: Option<u64>,
+    pub(super) dead_letter_topic: Option<String>,
+    pub(super) redelivery_backoff: Option<String>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

@@ -73,6 +73,9 @@ impl Config {
              maxConsumersPerGroup = {}\n\
              maxCountedTopics = {}\n\
              maxGroupMetrics = {}\n\
+             maxDeliveries = {}\n\
+             deadLetterTopic = {}\n\
+             redeliveryBackoff = {}\n\
              \n[publish]\n\
              maxMessageBytes = {}\n\
              maxBatchMessages = {}\n\
@@ -116,6 +119,12 @@ impl Config {
             d.consumers_per_group_max,
             d.counted_topics_max,
             d.group_metrics_max,
+            d.max_deliveries,
+            text(&d.dead_letter_topic),
+            text(
+                &d.redelivery_backoff
+                    .map_or_else(|| "none".to_owned(), |b| b.text())
+            ),
             bytes(p.message_bytes_max as u64),
             p.batch_len_max,
             text(p.ack_level_min.as_str()),

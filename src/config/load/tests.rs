@@ -92,7 +92,7 @@ fn section_keys_are_read_from_the_raw_structs() {
         assert!(section_keys(section).is_some(), "{section}");
     }
     let delivery = section_keys("delivery").unwrap();
-    assert_eq!(delivery.len(), 18);
+    assert_eq!(delivery.len(), 21);
     assert!(delivery.contains(&"maxGroupsPerTopic"));
     assert!(delivery.contains(&"inFlightTimeout"));
     assert!(delivery.contains(&"ttlSweepInterval"));
@@ -116,7 +116,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "tlsClientCaFile"
         ]
     );
-    assert_eq!(all_keys().len(), 18 + 7 + 14 + 3 + 10 + 1);
+    assert_eq!(all_keys().len(), 21 + 7 + 14 + 3 + 10 + 1);
 }
 
 #[test]
@@ -195,6 +195,10 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
     for (section, key) in all_keys() {
         let dotted = format!("{section}.{key}");
         let exempt = [
+            // 0 = unlimited; a topic name; "none".
+            "delivery.maxDeliveries",
+            "delivery.deadLetterTopic",
+            "delivery.redeliveryBackoff",
             "publish.minAckLevel",
             "server.dataDir",
             "server.cpus",
@@ -492,6 +496,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_DELIVERY_MAX_CONSUMERS_PER_GROUP", "5"),
         ("PINQ_DELIVERY_MAX_COUNTED_TOPICS", "4096"),
         ("PINQ_DELIVERY_MAX_GROUP_METRICS", "256"),
+        ("PINQ_DELIVERY_MAX_DELIVERIES", "4"),
+        ("PINQ_DELIVERY_DEAD_LETTER_TOPIC", "dead.{topic}"),
+        ("PINQ_DELIVERY_REDELIVERY_BACKOFF", "100ms:10s"),
         ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "64KiB"),
         ("PINQ_PUBLISH_MAX_BATCH_MESSAGES", "500"),
         ("PINQ_PUBLISH_MIN_ACK_LEVEL", "durable"),
@@ -563,6 +570,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
             consumers_per_group_max: 5,
             counted_topics_max: 4096,
             group_metrics_max: 256,
+            max_deliveries: 4,
+            dead_letter_topic: "dead.{topic}".into(),
+            redelivery_backoff: crate::pipeline::policy::Backoff::new(100, 10_000).ok(),
         },
         publish: PublishConfig {
             message_bytes_max: 64 << 10,

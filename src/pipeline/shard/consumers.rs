@@ -6,7 +6,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::transitions::ExpiredBy;
-use super::ShardCore;
+use super::{Release, ShardCore};
 use crate::key::{self, EventKey, KeyError, TopicHash};
 use crate::message::CheckedValue;
 use crate::pipeline::dispatcher::TopicDispatch;
@@ -91,7 +91,7 @@ impl ShardCore {
                 self.forget_copy(key, recipient);
             } else {
                 self.counters.redeliveries_disconnect_total += 1;
-                self.make_pending(key, recipient);
+                self.release(key, recipient, Release::Disconnect, 0);
             }
         }
         if let Some(removed) = gone.recipient_removed {
@@ -220,7 +220,8 @@ impl ShardCore {
         })
     }
 
-    /// Releases copies held by `consumer` for redelivery, at once or after `delay_ms`.
+    /// Releases copies held by `consumer` for redelivery: after `delay_ms` if not 0, else after
+    /// the group's backoff (at once without one); a copy out of deliveries is dead-lettered.
     pub fn nack(
         &mut self,
         now_ms: u64,
@@ -228,18 +229,12 @@ impl ShardCore {
         tags: &[EventKey],
         delay_ms: u64,
     ) -> Result<Vec<TagResult>, ConsumerError> {
-        let now_ms = self.tick(now_ms);
+        self.tick(now_ms);
         self.settle(consumer, tags, |core, key, recipient| {
             core.counters.nacked_total += 1;
             core.hub.count(recipient, |c| c.nacked += 1);
             core.counters.redeliveries_nack_total += 1;
-            if delay_ms == 0 {
-                core.make_pending(key, recipient);
-            } else {
-                let until_ms = now_ms.saturating_add(delay_ms);
-                let delayed = CopyState::Delayed { until_ms };
-                core.inflight.set_state(key, recipient, delayed, false);
-            }
+            core.release(key, recipient, Release::Nack, delay_ms);
         })
     }
 

@@ -25,6 +25,7 @@
 //! [`deletes`] feeds the deleter and the janitor. This file holds the state they share.
 
 mod consumers;
+mod dead_letter;
 mod deletes;
 mod figures;
 mod passes;
@@ -32,6 +33,7 @@ mod publish;
 mod transitions;
 
 pub use consumers::{ConsumerError, Delivery, TagResult};
+pub use dead_letter::{DeadLetter, Release};
 pub use publish::StoreBatch;
 
 use std::rc::Rc;
@@ -45,6 +47,7 @@ use super::dispatcher::{TopicDispatch, Unapplied};
 use super::hub::{ConsumerId, Hub, HubLimits};
 use super::inflight::InFlight;
 use super::janitor::Janitor;
+use super::policy::Policy;
 use super::stock::Stock;
 use crate::config::DeliveryConfig;
 use crate::storage::signal::Signal;
@@ -74,6 +77,8 @@ pub struct Counters {
     /// Published messages not stored because their (producer id, sequence) was already stored
     /// inside `publish.dedupWindow` (answered with the original tag).
     pub publish_duplicates_total: u64,
+    /// Copies moved to a dead-letter topic (stored there, then ACKed for their group).
+    pub dead_lettered_total: u64,
 }
 
 /// A snapshot of a shard's figures.
@@ -142,6 +147,7 @@ pub struct ShardCore {
     /// Notified whenever a publish batch settles (applied or failed), and when the core is
     /// dropped: a batch that answered with a pending original waits on it.
     settled: Rc<Signal>,
+    policies: dead_letter::Policies,
 }
 
 impl Drop for ShardCore {
@@ -176,6 +182,11 @@ impl ShardCore {
                 now_ms,
             ),
             stock: Stock::new(delivery.counted_topics_max),
+            policies: dead_letter::Policies::new(Policy {
+                max_deliveries: delivery.max_deliveries,
+                dead_letter_topic: delivery.dead_letter_topic.clone(),
+                backoff: delivery.redelivery_backoff,
+            }),
             delivery,
             now_ms,
             next_event_id: 1,

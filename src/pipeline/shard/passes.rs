@@ -2,7 +2,7 @@
 //! `on_scan` (rows in, copies out) and when to wake next.
 
 use super::transitions::ExpiredBy;
-use super::ShardCore;
+use super::{Release, ShardCore};
 use crate::key::{due_bucket_bound, topic_end, EventKey, Key};
 use crate::message::CheckedValue;
 use crate::message::Value;
@@ -36,9 +36,9 @@ impl ShardCore {
                         c.held.remove(&timer.key);
                     }
                     self.counters.redeliveries_timeout_total += 1;
-                    self.make_pending(timer.key, timer.recipient);
+                    self.release(timer.key, timer.recipient, Release::Timeout, 0);
                 }
-                Some(CopyState::Delayed { .. }) => self.make_pending(timer.key, timer.recipient),
+                Some(CopyState::Delayed { .. }) => self.on_delay_ended(timer.key, timer.recipient),
                 _ => {}
             }
         }
