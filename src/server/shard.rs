@@ -254,13 +254,7 @@ impl Shard {
                 tracing::debug!(shard = self.id, "{what}: {error}");
                 return;
             }
-            let admitted = self
-                .error_logs
-                .borrow_mut()
-                .entry(what)
-                .or_insert(RateLimit::new(LOG_INTERVAL_MS))
-                .admit(now_ms());
-            if let Some(suppressed) = admitted {
+            if let Some(suppressed) = self.admit_log(what) {
                 tracing::warn!(
                     shard = self.id,
                     suppressed,
@@ -280,19 +274,23 @@ impl Shard {
 
     /// Logs a repeated failure of `what` at most once per [`LOG_INTERVAL_MS`].
     fn log_limited(&self, what: &'static str, detail: std::fmt::Arguments<'_>) {
-        let admitted = self
-            .error_logs
-            .borrow_mut()
-            .entry(what)
-            .or_insert(RateLimit::new(LOG_INTERVAL_MS))
-            .admit(now_ms());
-        if let Some(suppressed) = admitted {
+        if let Some(suppressed) = self.admit_log(what) {
             tracing::warn!(
                 shard = self.id,
                 suppressed,
                 "{what} not stored, retried: {detail}"
             );
         }
+    }
+
+    /// Whether a line about `what` may be logged now: `Some(lines suppressed since the last)`
+    /// at most once per [`LOG_INTERVAL_MS`] per site.
+    fn admit_log(&self, what: &'static str) -> Option<u64> {
+        self.error_logs
+            .borrow_mut()
+            .entry(what)
+            .or_insert(RateLimit::new(LOG_INTERVAL_MS))
+            .admit(now_ms())
     }
 
     /// A failed publish as the client sees it: a replica that lost its leadership (or never
