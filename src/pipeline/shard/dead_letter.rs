@@ -278,24 +278,6 @@ impl ShardCore {
         self.complete_if_done(key);
     }
 
-    /// Copies of `topic`'s `group` (empty: its universal consumers) moved to a dead-letter topic
-    /// since the group was made on this shard (the stats code reads this).
-    pub fn dead_lettered(&self, topic: &str, group: &str) -> u64 {
-        let Some(members) = self.hub.topics.get(topic) else {
-            return 0;
-        };
-        let recipients: Vec<RecipientId> = if group.is_empty() {
-            members.universals.clone()
-        } else {
-            members.groups.get(group).copied().into_iter().collect()
-        };
-        recipients
-            .iter()
-            .filter_map(|r| self.hub.recipients.get(r))
-            .map(|r| r.counters.dead_lettered)
-            .sum()
-    }
-
     /// Checks that a policy for `topic`/`group` may be set: refused past `maxGroupsPerShard`
     /// policies on this shard. Call before the command is written.
     pub fn check_policy(&self, topic: &str, group: &str) -> Result<(), Limit> {
