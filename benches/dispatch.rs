@@ -89,12 +89,10 @@ impl Shard {
     }
 
     fn drain(&self) -> Vec<EventKey> {
-        self.core
-            .borrow_mut()
-            .drain(self.now_ms, self.consumer, usize::MAX)
-            .iter()
-            .map(|d| d.key)
-            .collect()
+        let mut core = self.core.borrow_mut();
+        let deliveries = core.drain(self.now_ms, self.consumer, usize::MAX);
+        core.returned(self.consumer, deliveries.len());
+        deliveries.iter().map(|d| d.key).collect()
     }
 
     /// One pass a poll interval after the last: the topic is scanned, nothing is due.

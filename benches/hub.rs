@@ -43,7 +43,7 @@ fn choose(c: &mut Criterion) {
     for n in [1u64, 4, 16] {
         let (mut hub, recipient) = group_of(n);
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
-            b.iter(|| black_box(hub.choose(black_box(recipient))))
+            b.iter(|| black_box(hub.choose(black_box(recipient), None)))
         });
     }
     group.finish();
@@ -75,7 +75,7 @@ fn choose(c: &mut Criterion) {
         let recipient = recipient.expect("at least one consumer");
         group.bench_function(BenchmarkId::from_parameter(n), |b| {
             b.iter(|| {
-                let (chosen, skipped) = hub.choose(black_box(recipient));
+                let (chosen, skipped) = hub.choose(black_box(recipient), None);
                 debug_assert!(chosen.is_some());
                 black_box((chosen, skipped))
             })
@@ -110,7 +110,7 @@ fn offer_fanout(c: &mut Criterion) {
                 next_id += 1;
                 let key = EventKey::new(topic, 0, next_id);
                 for recipient in hub.recipients_of(TOPIC) {
-                    let (chosen, _skipped) = hub.choose(recipient);
+                    let (chosen, _skipped) = hub.choose(recipient, None);
                     let consumer = chosen.expect("queues are cleared every iteration");
                     if let Some(c) = hub.consumers.get_mut(&consumer) {
                         c.queue.push_back(Queued { key, attempt: 1 });

@@ -86,15 +86,21 @@ interface Broker {
   # again is at-least-once.
 
   subscribe @2 (topic :Text, group :Text, consumer :Consumer, queueSize :UInt32)
-      -> (subscription :Subscription, consumerId :Data, notLeader :NotLeader);
+      -> (subscription :Subscription, consumerId :Data, notLeader :NotLeader, queueSize :UInt32,
+          maxUnacked :UInt32);
   # Registers `consumer` for `topic`. A non-empty `group` makes it a competing consumer: each
   # message goes to exactly one consumer of the group (round-robin). An empty `group` makes it a
   # universal consumer: it gets every message (fan-out). Each group and each universal consumer
   # is a separate recipient with its own copy of every message, acknowledged on its own.
   #
-  # `queueSize` bounds the deliveries the broker queues for this consumer before it skips it for
-  # others; 0 means the broker's `delivery.consumerQueueSize`, and larger values are capped by the
-  # broker. Deliveries then arrive as `Consumer.deliver` calls (see below).
+  # `queueSize` bounds the deliveries the broker has sent to this consumer in `deliver` calls
+  # that have not returned, plus those it has queued for it; 0 means the broker's
+  # `delivery.consumerQueueSize`, and larger values are capped by it. The reply's `queueSize` is
+  # the bound in force. Apart from that, the consumer never holds more than the reply's
+  # `maxUnacked` copies unacknowledged (`delivery.maxUnackedPerConsumer`). A consumer at either
+  # bound is skipped: the copy goes to another consumer of the group with room, at once, or
+  # waits. A copy whose lease ran out goes preferably to another consumer than the one that let
+  # it run out. Deliveries arrive as `Consumer.deliver` calls (see below).
   #
   # The reply carries the `Subscription` to acknowledge with and the consumer's 16-byte UUID.
   # Dropping the `Subscription` capability (or the connection) is a disconnect: copies the consumer
@@ -190,13 +196,15 @@ struct FollowerProgress {
 interface Consumer {
   # Implemented by the client and passed to `Broker.subscribe`; the broker calls it.
 
-  deliver @0 (deliveries :List(Delivery)) -> stream;
-  # A batch of deliveries, oldest first. This is a streaming call: the broker keeps a bounded
-  # number of batches in flight and sends more only as earlier calls return, so a client applies
-  # back-pressure simply by not returning until it has room for the batch. A copy is in flight
-  # (its timeout running) from the moment it is sent: acknowledge it with `Subscription.ack`, hand
-  # it back with `nack`, or extend its lease with `touch`. If the call throws, the broker treats it
-  # as a disconnect of this consumer.
+  deliver @0 (deliveries :List(Delivery)) -> ();
+  # A batch of deliveries, oldest first. Returning from the call is the consumer's flow control:
+  # the broker never has more than the subscription's `queueSize` deliveries sent to this
+  # consumer in calls that have not returned, so a client applies back-pressure simply by not
+  # returning until it has room for the batch (a consumer at its bound is skipped, and the copy
+  # goes to another consumer of the group). Several calls may be in flight at once; they arrive
+  # in order. A copy is in flight (its timeout running) from the moment it is sent: acknowledge
+  # it with `Subscription.ack`, hand it back with `nack`, or extend its lease with `touch`.
+  # If the call throws, the broker treats it as a disconnect of this consumer.
 }
 
 interface Subscription {

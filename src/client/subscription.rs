@@ -28,11 +28,12 @@ impl consumer::Server for Inbox {
     async fn deliver(
         self: capnp::capability::Rc<Self>,
         params: consumer::DeliverParams,
+        _: consumer::DeliverResults,
     ) -> Result<(), capnp::Error> {
         let deliveries = rpc::read_deliveries(params.get()?.get_deliveries()?)?;
         drop(params);
-        // Not returning until every delivery is queued is the back-pressure: the broker
-        // sends more only as earlier `deliver` calls return.
+        // Not returning until every delivery is queued is the back-pressure: the broker never
+        // has more than the subscription's `queueSize` deliveries in calls not yet returned.
         for delivery in deliveries {
             if self.queue.send(delivery).await.is_err() {
                 // The application dropped its `Subscription`; the broker redelivers.
@@ -53,6 +54,8 @@ pub struct Subscription {
     capability: subscription::Client,
     queue: LocalReceiver<Delivery>,
     consumer_id: Uuid,
+    queue_size: u32,
+    max_unacked: u32,
     topic: String,
     group: String,
 }
@@ -124,9 +127,22 @@ impl Subscription {
             capability,
             queue,
             consumer_id,
+            queue_size: reply.get_queue_size(),
+            max_unacked: reply.get_max_unacked(),
             topic: topic.to_owned(),
             group: group.to_owned(),
         })
+    }
+
+    /// The `queueSize` in force, as the broker answered: it never has more deliveries than this
+    /// queued for this consumer or in `deliver` calls not yet returned (0 from an older broker).
+    pub fn queue_size(&self) -> u32 {
+        self.queue_size
+    }
+
+    /// The unacknowledged copies the broker lets this consumer hold (0 from an older broker).
+    pub fn max_unacked(&self) -> u32 {
+        self.max_unacked
     }
 
     /// The consumer's id, as the broker assigned it.

@@ -107,7 +107,7 @@ async fn pump(
                 in_flight.insert(*tag, (message.clone(), *attempt));
             }
         }
-        if request.send().await.is_err() {
+        if request.send().promise.await.is_err() {
             sub.close();
             return;
         }
@@ -707,7 +707,7 @@ fn deliver_waits_for_room_in_the_local_queue() {
             .collect();
         let mut request = inbox.deliver_request();
         rpc::write_deliveries(request.get().init_deliveries(3), &deliveries);
-        let mut call = request.send();
+        let mut call = request.send().promise;
         // Three deliveries, room for two: the call must not return yet.
         for _ in 0..10 {
             assert!(futures_lite::future::poll_once(&mut call).await.is_none());
@@ -721,6 +721,8 @@ fn deliver_waits_for_room_in_the_local_queue() {
         drop(queue);
         let mut request = inbox.deliver_request();
         rpc::write_deliveries(request.get().init_deliveries(1), &deliveries[..1]);
-        assert!(within("the failing call", request.send()).await.is_err());
+        assert!(within("the failing call", request.send().promise)
+            .await
+            .is_err());
     });
 }

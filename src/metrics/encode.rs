@@ -64,7 +64,7 @@ const COUNTERS: &[(&str, &str, Read)] = &[
     ),
     (
         "pinq_consumer_queue_full",
-        "Times a consumer was skipped for a message because its server-side queue was full.",
+        "Times a consumer was skipped for a message because its window (queueSize: queued plus sent and not returned) or its unacknowledged bound was full.",
         |s| s.stats.counters.consumer_queue_full_total,
     ),
     (

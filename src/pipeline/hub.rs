@@ -4,7 +4,10 @@
 //! members compete round-robin (the pointer rotates on every dispatch); an empty group makes the
 //! consumer a universal recipient of its own (fan-out). Every consumer has a bounded queue that
 //! the shard's shell drains toward the connection; [`Hub::choose`] never blocks and never picks a
-//! consumer without room (queue length and unacknowledged copies are both bounded).
+//! consumer without room. Room is the consumer's *window* (its `queueSize`, capped by
+//! `delivery.consumerQueueSize`) less what is queued here and what was sent in `deliver` calls
+//! that have not returned ([`Hub::note_sent`], [`Hub::note_returned`]), and at most
+//! `delivery.maxUnackedPerConsumer` copies held unacknowledged.
 //!
 //! The hub does not know message states; the shard core ([`super::shard`]) owns the in-flight
 //! table and calls the hub to pick holders. Recipients keep their own retry list (`pending`) of
@@ -48,6 +51,10 @@ pub struct Consumer {
     pub topic: Arc<str>,
     pub recipient: RecipientId,
     pub queue: VecDeque<Queued>,
+    /// The consumer's `queueSize` in force: `queue` plus `out` never pass it.
+    pub window: usize,
+    /// Deliveries drained toward the client whose `deliver` call has not returned yet.
+    pub out: usize,
     /// Keys whose copy this consumer holds (queued or delivered, not yet ACKed).
     pub held: AHashSet<EventKey>,
 }
@@ -306,13 +313,38 @@ impl Hub {
         id
     }
 
-    /// Registers a consumer. An empty `group` makes it universal. Refused, with nothing changed,
-    /// when it would pass one of the [`HubLimits`].
+    /// The `queueSize` in force for a consumer that asked for `requested` (0: the default,
+    /// `delivery.consumerQueueSize`, which also caps it).
+    pub fn window_for(&self, requested: usize) -> usize {
+        match requested {
+            0 => self.limits.queue_len_max,
+            n => n.min(self.limits.queue_len_max),
+        }
+    }
+
+    /// The unacknowledged copies one consumer may hold (`delivery.maxUnackedPerConsumer`).
+    pub fn unacked_max(&self) -> usize {
+        self.limits.unacked_max
+    }
+
+    /// Registers a consumer with the default window. An empty `group` makes it universal.
+    /// Refused, with nothing changed, when it would pass one of the [`HubLimits`].
     pub fn register(
         &mut self,
         topic: &str,
         group: &str,
         uuid: uuid::Uuid,
+    ) -> Result<Registered, Limit> {
+        self.register_window(topic, group, uuid, 0)
+    }
+
+    /// Registers a consumer whose window is [`Hub::window_for`] `requested`.
+    pub fn register_window(
+        &mut self,
+        topic: &str,
+        group: &str,
+        uuid: uuid::Uuid,
+        requested: usize,
     ) -> Result<Registered, Limit> {
         self.check_limits(topic, group)?;
         let consumer = ConsumerId(self.allocate());
@@ -392,6 +424,8 @@ impl Hub {
                 topic: topic_name,
                 recipient,
                 queue: VecDeque::new(),
+                window: self.window_for(requested),
+                out: 0,
                 held: AHashSet::default(),
             },
         );
@@ -538,20 +572,37 @@ impl Hub {
         out
     }
 
-    fn has_room(&self, consumer: ConsumerId) -> bool {
-        self.consumers.get(&consumer).is_some_and(|c| {
-            c.queue.len() < self.limits.queue_len_max && c.held.len() < self.limits.unacked_max
+    /// Copies `consumer` can take now: its window less what is queued and out on the wire, and
+    /// its unacknowledged bound less what it holds.
+    fn room_of(&self, consumer: ConsumerId) -> usize {
+        self.consumers.get(&consumer).map_or(0, |c| {
+            let queued = c.queue.len().saturating_add(c.out);
+            (c.window.saturating_sub(queued))
+                .min(self.limits.unacked_max.saturating_sub(c.held.len()))
         })
+    }
+
+    fn has_room(&self, consumer: ConsumerId) -> bool {
+        self.room_of(consumer) > 0
+    }
+
+    /// `n` deliveries left toward the client: they count against its window until returned.
+    pub fn note_sent(&mut self, consumer: ConsumerId, n: usize) {
+        if let Some(c) = self.consumers.get_mut(&consumer) {
+            c.out = c.out.saturating_add(n);
+        }
+    }
+
+    /// The client returned `n` deliveries (its `deliver` call returned): room again.
+    pub fn note_returned(&mut self, consumer: ConsumerId, n: usize) {
+        if let Some(c) = self.consumers.get_mut(&consumer) {
+            c.out = c.out.saturating_sub(n);
+        }
     }
 
     /// How many more copies a recipient's consumers can take now.
     pub fn room(&self, recipient: RecipientId) -> usize {
-        let room_of = |c: &ConsumerId| {
-            self.consumers.get(c).map_or(0, |c| {
-                (self.limits.queue_len_max.saturating_sub(c.queue.len()))
-                    .min(self.limits.unacked_max.saturating_sub(c.held.len()))
-            })
-        };
+        let room_of = |c: &ConsumerId| self.room_of(*c);
         match self.recipients.get(&recipient).map(|r| &r.kind) {
             Some(RecipientKind::Group { members, .. }) => members.iter().map(room_of).sum(),
             Some(RecipientKind::Universal { consumer }) => room_of(consumer),
@@ -561,8 +612,13 @@ impl Hub {
 
     /// Picks the consumer of `recipient` that takes the next copy, or `None` if every consumer is
     /// full (or the group has no members). Groups rotate their pointer on every dispatch.
-    /// Returns the number of full consumers skipped as well.
-    pub fn choose(&mut self, recipient: RecipientId) -> (Option<ConsumerId>, u64) {
+    /// `avoid` (the consumer that let the copy's lease run out) is taken only when no other
+    /// member has room. Returns the number of full consumers skipped as well.
+    pub fn choose(
+        &mut self,
+        recipient: RecipientId,
+        avoid: Option<ConsumerId>,
+    ) -> (Option<ConsumerId>, u64) {
         let mut skipped = 0;
         let candidates: SmallVec<[ConsumerId; 8]> =
             match self.recipients.get(&recipient).map(|r| &r.kind) {
@@ -573,20 +629,33 @@ impl Hub {
                 }
                 None => SmallVec::new(),
             };
+        let mut fallback = None;
         for (offset, candidate) in candidates.iter().enumerate() {
-            if self.has_room(*candidate) {
-                if let Some(Recipient {
-                    kind: RecipientKind::Group { members, next, .. },
-                    ..
-                }) = self.recipients.get_mut(&recipient)
-                {
-                    *next = (*next + offset + 1) % members.len().max(1);
-                }
+            if !self.has_room(*candidate) {
+                skipped += 1;
+            } else if Some(*candidate) == avoid && candidates.len() > 1 {
+                fallback = Some(offset);
+            } else {
+                self.rotate_past(recipient, offset);
                 return (Some(*candidate), skipped);
             }
-            skipped += 1;
         }
-        (None, skipped)
+        let chosen = fallback.map(|offset| {
+            self.rotate_past(recipient, offset);
+            candidates[offset]
+        });
+        (chosen, skipped)
+    }
+
+    /// Moves a group's round-robin pointer past the member `offset` places after it.
+    fn rotate_past(&mut self, recipient: RecipientId, offset: usize) {
+        if let Some(Recipient {
+            kind: RecipientKind::Group { members, next, .. },
+            ..
+        }) = self.recipients.get_mut(&recipient)
+        {
+            *next = (*next + offset + 1) % members.len().max(1);
+        }
     }
 
     pub fn queue_len_max(&self) -> usize {

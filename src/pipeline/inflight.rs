@@ -61,6 +61,9 @@ pub struct Copy {
     state: CopyState,
     /// Deliveries of this copy so far.
     pub attempt: u32,
+    /// The consumer that let this copy's last lease run out: its redelivery goes to another
+    /// member of the group if one has room.
+    pub avoid: Option<ConsumerId>,
 }
 
 impl Copy {
@@ -70,6 +73,7 @@ impl Copy {
             recipient,
             state: CopyState::Pending,
             attempt: 0,
+            avoid: None,
         }
     }
 
@@ -167,6 +171,17 @@ impl InFlight {
             });
         }
         Some(attempt)
+    }
+
+    /// Records the consumer a copy's next delivery should avoid ([`Copy::avoid`]).
+    pub fn set_avoid(&mut self, key: EventKey, recipient: RecipientId, avoid: Option<ConsumerId>) {
+        let copy = self
+            .entries
+            .get_mut(&key)
+            .and_then(|e| e.copies.iter_mut().find(|c| c.recipient == recipient));
+        if let Some(copy) = copy {
+            copy.avoid = avoid;
+        }
     }
 
     /// When the next timer is due.

@@ -107,6 +107,10 @@ struct Consumer {
     emptied_at_ms: u64,
     /// Tags drained and not yet settled by this consumer (candidates for ACK, NACK, touch).
     holding: Vec<EventKey>,
+    /// Its `queueSize` in force, and the deliveries drained but not yet returned (a client
+    /// whose `deliver` call is still running).
+    window: usize,
+    out: usize,
 }
 
 /// The copy cannot change hands (or, with `holder: None`, cannot be handed out at all) until a
@@ -675,11 +679,16 @@ impl Model {
         let uuid = uuid::Uuid::from_u128(self.next_uuid);
         self.next_uuid += 1;
         let now = self.now();
-        let result = self
-            .sim
-            .core
-            .borrow_mut()
-            .subscribe(now, TOPICS[topic], group, uuid);
+        let asked = self.rng.usize(0..=6);
+        let window = match asked {
+            0 => self.cfg.consumer_queue_len_max,
+            n => n.min(self.cfg.consumer_queue_len_max),
+        };
+        let result =
+            self.sim
+                .core
+                .borrow_mut()
+                .subscribe_window(now, TOPICS[topic], group, uuid, asked);
         let members = self
             .consumers
             .values()
@@ -725,6 +734,8 @@ impl Model {
                 uuid,
                 emptied_at_ms: now,
                 holding: Vec::new(),
+                window,
+                out: 0,
             },
         );
         assert!(fresh.is_none(), "consumer id reused: {id:?}");
@@ -859,11 +870,27 @@ impl Model {
         for delivery in &deliveries {
             self.check_delivery(consumer, delivery);
         }
+        // Most clients return at once; some keep their `deliver` calls running a while.
+        let c = self.consumers.get_mut(&consumer).unwrap();
+        c.out += deliveries.len();
+        if self.rng.usize(0..3) > 0 {
+            self.return_deliveries(consumer);
+        }
         let queue_len = self.sim.core.borrow().consumer_info(consumer).unwrap().2;
         if queue_len == 0 {
             self.consumers.get_mut(&consumer).unwrap().emptied_at_ms = now;
         }
         deliveries.len()
+    }
+
+    /// The consumer's running `deliver` calls return.
+    fn return_deliveries(&mut self, consumer: ConsumerId) {
+        let c = self.consumers.get_mut(&consumer).unwrap();
+        let n = std::mem::take(&mut c.out);
+        if n > 0 {
+            self.note(format!("return {consumer:?} {n}"));
+            self.sim.core.borrow_mut().returned(consumer, n);
+        }
     }
 
     fn check_delivery(&mut self, consumer: ConsumerId, delivery: &Delivery) {
@@ -1313,6 +1340,12 @@ impl Model {
                 "{id:?} holds {held_len}, maxUnackedPerConsumer is {}",
                 self.cfg.unacked_per_consumer_max
             );
+            let (window, out) = core.consumer_window(*id).unwrap();
+            assert_eq!((window, out), (c.window, c.out), "{id:?} window and out");
+            assert!(
+                queue_len + out <= window,
+                "{id:?} queues {queue_len} and has {out} out, its queueSize is {window}"
+            );
         }
     }
 
@@ -1373,6 +1406,7 @@ impl Model {
                 let ids: Vec<ConsumerId> = self.consumers.keys().copied().collect();
                 let mut round = 0;
                 for id in ids {
+                    self.return_deliveries(id);
                     round += self.drain(id, usize::MAX);
                     let tags = self.consumers[&id].holding.clone();
                     if !tags.is_empty() {

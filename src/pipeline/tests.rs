@@ -146,10 +146,12 @@ impl Sim {
         panic!("dispatcher never settled");
     }
 
+    /// Drains a consumer whose client returns every `deliver` call at once.
     pub fn recv(&mut self, consumer: ConsumerId) -> Vec<Delivery> {
-        self.core
-            .borrow_mut()
-            .drain(self.now_ms, consumer, usize::MAX)
+        let mut core = self.core.borrow_mut();
+        let deliveries = core.drain(self.now_ms, consumer, usize::MAX);
+        core.returned(consumer, deliveries.len());
+        deliveries
     }
 
     pub fn payloads(&mut self, consumer: ConsumerId) -> Vec<String> {
@@ -320,6 +322,138 @@ fn a_full_group_member_is_skipped_and_counted() {
         sim.core.borrow().stats().counters.consumer_queue_full_total,
         1
     );
+}
+
+/// Drains a consumer whose client does not return its `deliver` calls.
+fn recv_stuck(sim: &mut Sim, consumer: ConsumerId) -> Vec<Delivery> {
+    sim.core
+        .borrow_mut()
+        .drain(sim.now_ms, consumer, usize::MAX)
+}
+
+fn subscribe_window(sim: &mut Sim, topic: &str, group: &str, window: usize) -> ConsumerId {
+    let uuid = uuid::Uuid::from_u128(sim.core.borrow().consumer_count() as u128 + 1);
+    sim.core
+        .borrow_mut()
+        .subscribe_window(sim.now_ms, topic, group, uuid, window)
+        .unwrap()
+}
+
+#[test]
+fn deliveries_not_returned_count_against_the_window_and_peers_take_the_rest() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 100,
+        ..config()
+    });
+    let stuck = subscribe_window(&mut sim, "jobs", "g", 4);
+    let healthy = subscribe_window(&mut sim, "jobs", "g", 0);
+    assert_eq!(sim.core.borrow().consumer_window(stuck), Some((4, 0)));
+    assert_eq!(sim.core.borrow().consumer_window(healthy), Some((100, 0)));
+    for i in 0..3 {
+        sim.publish("jobs", &format!("a{i}"));
+    }
+    sim.settle();
+    let sent = recv_stuck(&mut sim, stuck);
+    assert_eq!(sent.len(), 2, "round-robin share of three");
+    for i in 0..40 {
+        sim.publish("jobs", &format!("b{i}"));
+    }
+    sim.settle();
+    // Two out on the wire, two more queued: its window of 4 is full, however long it waits.
+    assert_eq!(recv_stuck(&mut sim, stuck).len(), 2);
+    assert_eq!(sim.core.borrow().consumer_window(stuck), Some((4, 4)));
+    sim.settle();
+    assert!(recv_stuck(&mut sim, stuck).is_empty());
+    assert_eq!(
+        sim.recv(healthy).len(),
+        43 - 4,
+        "the healthy peer takes the rest"
+    );
+    let skipped = sim.core.borrow().stats().counters.consumer_queue_full_total;
+    assert!(skipped > 0, "full consumer skipped and counted");
+    // Its calls return: room again, the next copy may go to it.
+    sim.core.borrow_mut().returned(stuck, 4);
+    assert_eq!(sim.core.borrow().consumer_window(stuck), Some((4, 0)));
+    sim.publish("jobs", "c0");
+    sim.publish("jobs", "c1");
+    sim.settle();
+    assert_eq!(recv_stuck(&mut sim, stuck).len(), 1);
+}
+
+#[test]
+fn a_window_asked_above_the_server_bound_is_capped() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 8,
+        ..config()
+    });
+    let c = subscribe_window(&mut sim, "jobs", "", 1000);
+    assert_eq!(sim.core.borrow().consumer_window(c), Some((8, 0)));
+    assert_eq!(sim.core.borrow().consumer_bounds(1000).0, 8);
+    assert_eq!(sim.core.borrow().consumer_bounds(3).0, 3);
+    assert_eq!(sim.core.borrow().consumer_bounds(0).0, 8);
+}
+
+#[test]
+fn unacked_copies_bound_a_consumer_whose_calls_return() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 100,
+        unacked_per_consumer_max: 3,
+        ..config()
+    });
+    let a = sim.subscribe("jobs", "g");
+    for i in 0..10 {
+        sim.publish("jobs", &format!("j{i}"));
+    }
+    sim.settle();
+    let got = sim.recv(a);
+    assert_eq!(got.len(), 3, "maxUnackedPerConsumer");
+    sim.settle();
+    assert!(sim.recv(a).is_empty());
+    sim.ack(a, &keys(&got[..1]));
+    sim.settle();
+    assert_eq!(sim.recv(a).len(), 1);
+}
+
+#[test]
+fn a_lease_that_ran_out_is_redelivered_to_another_member() {
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 100,
+        ..config()
+    });
+    let a = sim.subscribe("jobs", "g");
+    let b = sim.subscribe("jobs", "g");
+    sim.publish("jobs", "j0");
+    sim.settle();
+    // Round-robin gave j0 to a; the pointer now names b, so give b one more to bring it back to a.
+    let first = sim.recv(a);
+    assert_eq!(first.iter().map(payload).collect::<Vec<_>>(), vec!["j0"]);
+    sim.publish("jobs", "j1");
+    sim.settle();
+    let other = sim.recv(b);
+    assert_eq!(other.iter().map(payload).collect::<Vec<_>>(), vec!["j1"]);
+    sim.ack(b, &keys(&other));
+    sim.now_ms += 1_001;
+    sim.settle();
+    // The pointer names a, but a let j0's lease run out: b gets it.
+    assert!(
+        sim.recv(a).is_empty(),
+        "not back to the consumer that timed out"
+    );
+    let again = sim.recv(b);
+    assert_eq!(again.iter().map(payload).collect::<Vec<_>>(), vec!["j0"]);
+    assert_eq!(again[0].attempt, 2);
+    // With no other member having room, the same consumer is still served.
+    let mut solo = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 100,
+        ..config()
+    });
+    let only = solo.subscribe("jobs", "g");
+    solo.publish("jobs", "k0");
+    solo.settle();
+    assert_eq!(solo.recv(only).len(), 1);
+    solo.now_ms += 1_001;
+    solo.settle();
+    assert_eq!(solo.recv(only)[0].attempt, 2);
 }
 
 #[test]

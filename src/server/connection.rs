@@ -627,12 +627,6 @@ impl broker::Server for BrokerImpl {
                 group.len()
             )));
         }
-        let bound = self.shard.delivery.consumer_queue_len_max;
-        let credit = if queue_size == 0 {
-            bound
-        } else {
-            queue_size.min(bound)
-        };
         let owner = TopicHash::of(&topic).shard(self.shard.count);
         let (sink_id, sink, notify) = self.shard.open_sink();
         let uuid = uuid::Uuid::new_v4();
@@ -640,19 +634,19 @@ impl broker::Server for BrokerImpl {
             shard: self.shard.id,
             sink: sink_id,
         };
-        let consumer = match self
+        let subscribed = match self
             .shard
             .call(owner, |reply| Request::Subscribe {
                 topic,
                 group,
                 uuid,
                 sink: sink_addr,
-                credit,
+                queue_size,
                 reply,
             })
             .await
         {
-            Ok(consumer) => consumer,
+            Ok(subscribed) => subscribed,
             Err(Refused::NotLeader(hint)) => {
                 self.shard.close_sink(sink_id);
                 write_not_leader(results.get().init_not_leader(), &hint);
@@ -663,15 +657,14 @@ impl broker::Server for BrokerImpl {
                 return Err(failed(format!("subscribe: {e}")));
             }
         };
-        glommio::spawn_local(forward(
-            self.shard.clone(),
+        let consumer = subscribed.consumer;
+        let stream = DeliverStream {
+            shard: self.shard.clone(),
             owner,
             consumer,
-            sink.clone(),
-            notify,
-            consumer_cap,
-        ))
-        .detach();
+            sink: sink.clone(),
+        };
+        glommio::spawn_local(stream.forward(notify, consumer_cap)).detach();
         let handle = SubscriptionImpl {
             shard: self.shard.clone(),
             conn: self.conn.clone(),
@@ -685,6 +678,8 @@ impl broker::Server for BrokerImpl {
         let mut reply = results.get();
         reply.set_subscription(capnp_rpc::new_client(handle));
         reply.set_consumer_id(uuid.as_bytes());
+        reply.set_queue_size(u32::try_from(subscribed.queue_size).unwrap_or(u32::MAX));
+        reply.set_max_unacked(u32::try_from(subscribed.max_unacked).unwrap_or(u32::MAX));
         Ok(())
     }
 
@@ -801,51 +796,65 @@ impl broker::Server for BrokerImpl {
     }
 }
 
-/// Streams a sink's deliveries to the client's `Consumer`, returning credit as batches go out.
-async fn forward(
+/// One subscription's way to its client: the sink the owner fills, and where the window goes
+/// back to.
+#[derive(Clone)]
+struct DeliverStream {
     shard: Rc<Shard>,
     owner: usize,
-    consumer_id: ConsumerId,
+    consumer: ConsumerId,
     sink: Rc<Sink>,
-    notify: LocalReceiver<()>,
-    consumer: consumer::Client,
-) {
-    loop {
-        if sink.closed.get() {
-            return;
-        }
-        let batch: Vec<pipeline::Delivery> = {
-            let mut queue = sink.queue.borrow_mut();
-            let n = queue.len().min(DELIVER_BATCH_MAX);
-            queue.drain(..n).collect()
-        };
-        if batch.is_empty() {
-            if notify.recv().await.is_none() {
+}
+
+impl DeliverStream {
+    /// Sends the sink's deliveries to the client's `Consumer` in batches, without waiting for
+    /// earlier calls: the owner never puts more in the sink than the consumer's window allows,
+    /// and each batch's share of the window goes back when its call returns.
+    async fn forward(self, notify: LocalReceiver<()>, consumer: consumer::Client) {
+        loop {
+            if self.sink.closed.get() {
                 return;
             }
-            continue;
+            let batch: Vec<pipeline::Delivery> = {
+                let mut queue = self.sink.queue.borrow_mut();
+                let n = queue.len().min(DELIVER_BATCH_MAX);
+                queue.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                if notify.recv().await.is_none() {
+                    return;
+                }
+                continue;
+            }
+            let mut request = consumer.deliver_request();
+            {
+                let outgoing: Vec<OutgoingDelivery<'_, crate::message::ArchivedStoredMessage>> =
+                    batch
+                        .iter()
+                        .map(|d| OutgoingDelivery {
+                            tag: d.key,
+                            message: d.value.message(),
+                            attempt: d.attempt,
+                        })
+                        .collect();
+                let list = request.get().init_deliveries(outgoing.len() as u32);
+                rpc::write_deliveries(list, &outgoing);
+            }
+            let (n, call) = (batch.len(), request.send().promise);
+            drop(batch);
+            glommio::spawn_local(self.clone().returned(n, call)).detach();
         }
-        let mut request = consumer.deliver_request();
-        {
-            let outgoing: Vec<OutgoingDelivery<'_, crate::message::ArchivedStoredMessage>> = batch
-                .iter()
-                .map(|d| OutgoingDelivery {
-                    tag: d.key,
-                    message: d.value.message(),
-                    attempt: d.attempt,
-                })
-                .collect();
-            let list = request.get().init_deliveries(outgoing.len() as u32);
-            rpc::write_deliveries(list, &outgoing);
-        }
-        let n = batch.len();
-        drop(batch);
-        if let Err(e) = request.send().await {
+    }
+
+    /// Waits for one `deliver` call to return, then gives its `n` deliveries' window back. A
+    /// call that fails ends the stream (a disconnect of this consumer).
+    async fn returned<T>(self, n: usize, call: impl Future<Output = Result<T, capnp::Error>>) {
+        if let Err(e) = call.await {
             tracing::debug!("deliver failed, closing the subscription's stream: {e}");
-            sink.close();
+            self.sink.close();
             return;
         }
-        shard.return_credit(owner, consumer_id, n).await;
+        self.shard.return_credit(self.owner, self.consumer, n).await;
     }
 }
 

@@ -23,6 +23,16 @@ pub enum SettleOp {
 
 pub type Reply<T> = oneshot::Sender<Result<T, Refused>>;
 
+/// A subscription the owner registered, with the bounds in force for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Subscribed {
+    pub consumer: ConsumerId,
+    /// The effective `queueSize`: deliveries queued or sent and not yet returned.
+    pub queue_size: usize,
+    /// `delivery.maxUnackedPerConsumer`.
+    pub max_unacked: usize,
+}
+
 /// In a cluster: who leads a shard this node does not serve, for a client to go there.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeaderHint {
@@ -66,8 +76,9 @@ pub enum Request {
         group: String,
         uuid: uuid::Uuid,
         sink: SinkAddr,
-        credit: usize,
-        reply: Reply<ConsumerId>,
+        /// The `queueSize` the client asked for (0: the default).
+        queue_size: usize,
+        reply: Reply<Subscribed>,
     },
     Unsubscribe {
         consumer: ConsumerId,
@@ -103,7 +114,8 @@ pub enum ShardMsg {
         sink: u64,
         deliveries: Vec<Delivery>,
     },
-    /// A sink sent `n` deliveries to its client: the owner may send `n` more.
+    /// The client returned `n` deliveries of this consumer (a `deliver` call returned): the
+    /// owner may send `n` more.
     Credit {
         consumer: ConsumerId,
         n: usize,

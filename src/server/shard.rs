@@ -13,10 +13,11 @@
 //! - one receive loop per peer shard, handling its [`ShardMsg`]s;
 //! - accept loops and one RPC system per connection (`super::connection`).
 //!
-//! Flow control: a consumer's deliveries go to a *sink* on the shard of its connection. The owner
-//! drains the consumer's hub queue only up to the sink's credit; the sink returns credit once the
-//! client's `deliver` stream has taken the batch. A slow client therefore fills its hub queue and
-//! the dispatcher skips it, as PRODUCT.md §1 asks; nothing in between is unbounded.
+//! Flow control: a consumer's deliveries go to a *sink* on the shard of its connection. The hub
+//! gives a consumer no more than its window (`queueSize`) of copies queued or sent in `deliver`
+//! calls that have not returned; the sink returns the window ([`ShardMsg::Credit`]) as each call
+//! returns. A slow or stuck client therefore fills its window and the dispatcher skips it at once
+//! for the other members of its group, as PRODUCT.md §1 asks; nothing in between is unbounded.
 //!
 //! Shutdown ([`Shard::shut_down`], after the accept loops are dropped): refuse new publishes and
 //! stop the dispatch, deleter and janitor loops, wait for publishes in progress, close every sink,
@@ -32,7 +33,7 @@ use futures_channel::oneshot;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::channels::shared_channel::ConnectedSender;
 
-use super::mesh::{LeaderHint, Refused, Reply, Request, SettleOp, ShardMsg, SinkAddr};
+use super::mesh::{LeaderHint, Refused, Reply, Request, SettleOp, ShardMsg, SinkAddr, Subscribed};
 use super::shutdown::ShutdownFlag;
 use crate::cluster::driver::ReplicatedStore;
 use crate::cluster::view::ClusterView;
@@ -89,7 +90,6 @@ impl Drop for InProgress<'_> {
 /// The owner's view of where a consumer's deliveries go.
 struct Route {
     sink: SinkAddr,
-    credit: usize,
     /// A task is moving this consumer's deliveries to its sink (at most one per consumer).
     pumping: bool,
 }
@@ -408,22 +408,16 @@ impl Shard {
                 group,
                 uuid,
                 sink,
-                credit,
+                queue_size,
                 reply,
             } => {
-                let result = self
-                    .core
-                    .borrow_mut()
-                    .subscribe(now_ms(), &topic, &group, uuid);
-                if let Ok(consumer) = result {
-                    self.routes.borrow_mut().insert(
-                        consumer,
-                        Route {
-                            sink,
-                            credit,
-                            pumping: false,
-                        },
-                    );
+                let result = self.subscribe(&topic, &group, uuid, queue_size);
+                if let Ok(subscribed) = result {
+                    let route = Route {
+                        sink,
+                        pumping: false,
+                    };
+                    self.routes.borrow_mut().insert(subscribed.consumer, route);
                 }
                 self.dispatcher.kick();
                 let _ = reply.send(result.map_err(|e| self.consumer_refusal(e)));
@@ -763,7 +757,7 @@ impl Shard {
         }
     }
 
-    /// The sink sent `n` deliveries on: return the credit to the owner.
+    /// The client returned `n` deliveries of `consumer`: give its window back on the owner.
     pub async fn return_credit(self: &Rc<Self>, owner: usize, consumer: ConsumerId, n: usize) {
         if owner == self.id {
             self.add_credit(consumer, n);
@@ -774,16 +768,37 @@ impl Shard {
 
     // ---- routing deliveries (owner side) -------------------------------------------------
 
-    /// Adds credit and moves what it allows in a task of its own, never in the caller: a mesh
-    /// receive loop that awaited a send to a full channel could deadlock with the shard on the
-    /// other end doing the same. At most one such task runs per consumer.
+    /// Registers a consumer with the core; answers with the bounds in force for it.
+    fn subscribe(
+        &self,
+        topic: &str,
+        group: &str,
+        uuid: uuid::Uuid,
+        queue_size: usize,
+    ) -> Result<Subscribed, ConsumerError> {
+        let mut core = self.core.borrow_mut();
+        let consumer = core.subscribe_window(now_ms(), topic, group, uuid, queue_size)?;
+        let (queue_size, max_unacked) = core.consumer_bounds(queue_size);
+        Ok(Subscribed {
+            consumer,
+            queue_size,
+            max_unacked,
+        })
+    }
+
+    /// Gives a consumer's window back and moves what it now allows in a task of its own, never
+    /// in the caller: a mesh receive loop that awaited a send to a full channel could deadlock
+    /// with the shard on the other end doing the same. At most one such task runs per consumer.
     fn add_credit(self: &Rc<Self>, consumer: ConsumerId, n: usize) {
+        if self.core.borrow_mut().returned(consumer, n) {
+            // It was full: the dispatcher may have copies waiting for room.
+            self.dispatcher.kick();
+        }
         {
             let mut routes = self.routes.borrow_mut();
             let Some(route) = routes.get_mut(&consumer) else {
                 return;
             };
-            route.credit += n;
             if route.pumping {
                 return;
             }
@@ -799,27 +814,18 @@ impl Shard {
         .detach();
     }
 
-    /// Moves a consumer's queued deliveries to its sink, within credit; returns whether it
-    /// moved any.
+    /// Moves a consumer's queued deliveries to its sink (the hub queues no more than its window
+    /// allows); returns whether it moved any.
     async fn pump(self: &Rc<Self>, consumer: ConsumerId) -> bool {
-        let (sink, credit) = match self.routes.borrow().get(&consumer) {
-            Some(route) => (route.sink, route.credit),
-            None => return false,
-        };
-        if credit == 0 {
+        let Some(sink) = self.routes.borrow().get(&consumer).map(|route| route.sink) else {
             return false;
-        }
+        };
         let now = now_ms();
-        let deliveries = self.core.borrow_mut().drain(now, consumer, credit);
+        let deliveries = self.core.borrow_mut().drain(now, consumer, usize::MAX);
         if deliveries.is_empty() {
             return false;
         }
         self.record_delivery_latency(now, &deliveries);
-        if let Some(route) = self.routes.borrow_mut().get_mut(&consumer) {
-            route.credit -= deliveries.len();
-        }
-        // Room in the hub queue again: the dispatcher may have skipped this consumer.
-        self.dispatcher.kick();
         if sink.shard == self.id {
             self.deliver_local(sink.sink, deliveries);
         } else if let Err(e) = self

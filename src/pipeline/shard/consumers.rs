@@ -63,9 +63,22 @@ impl ShardCore {
         group: &str,
         uuid: uuid::Uuid,
     ) -> Result<ConsumerId, ConsumerError> {
+        self.subscribe_window(now_ms, topic, group, uuid, 0)
+    }
+
+    /// [`ShardCore::subscribe`] with the consumer's `queueSize` (0: the default): the bound of
+    /// deliveries queued for it plus those sent and not yet returned ([`ShardCore::returned`]).
+    pub fn subscribe_window(
+        &mut self,
+        now_ms: u64,
+        topic: &str,
+        group: &str,
+        uuid: uuid::Uuid,
+        queue_size: usize,
+    ) -> Result<ConsumerId, ConsumerError> {
         key::validate_topic(topic)?;
         self.tick(now_ms);
-        let registered = self.hub.register(topic, group, uuid)?;
+        let registered = self.hub.register_window(topic, group, uuid, queue_size)?;
         if !self.topics.contains_key(topic) {
             self.topics
                 .insert(Arc::from(topic), TopicDispatch::new(TopicHash::of(topic)));
@@ -149,8 +162,29 @@ impl ShardCore {
         self.ready.drain().collect()
     }
 
-    /// Takes up to `max` deliveries from a consumer's queue. Copies that changed hands since they
-    /// were queued are dropped; expired messages are never handed out.
+    /// The `queueSize` in force for a consumer asking for `requested`, and the unacknowledged
+    /// copies it may hold (the subscribe answer).
+    pub fn consumer_bounds(&self, requested: usize) -> (usize, usize) {
+        (self.hub.window_for(requested), self.hub.unacked_max())
+    }
+
+    /// The client returned `n` deliveries of `consumer` (its `deliver` call returned). Returns
+    /// whether a dispatch pass should run: the consumer was full, so copies may wait for it.
+    pub fn returned(&mut self, consumer: ConsumerId, n: usize) -> bool {
+        let Some(c) = self.hub.consumers.get(&consumer) else {
+            return false;
+        };
+        let was_full = c.queue.len() + c.out >= c.window;
+        self.hub.note_returned(consumer, n);
+        if was_full {
+            self.wake = true;
+        }
+        was_full
+    }
+
+    /// Takes up to `max` deliveries from a consumer's queue; they count against its window until
+    /// [`ShardCore::returned`]. Copies that changed hands since they were queued are dropped;
+    /// expired messages are never handed out.
     pub fn drain(&mut self, now_ms: u64, consumer: ConsumerId, max: usize) -> Vec<Delivery> {
         let now_ms = self.tick(now_ms);
         let mut out = Vec::new();
@@ -190,6 +224,7 @@ impl ShardCore {
             });
         }
         let topic = c.topic.clone();
+        self.hub.note_sent(consumer, out.len());
         for key in expired {
             self.expire(key, ExpiredBy::Dispatcher);
         }

@@ -269,6 +269,11 @@ impl ShardCore {
             .map(|c| (c.uuid, c.topic.as_ref(), c.queue.len(), c.held.len()))
     }
 
+    /// A consumer's window (`queueSize` in force) and its deliveries not yet returned (tests).
+    pub fn consumer_window(&self, consumer: ConsumerId) -> Option<(usize, usize)> {
+        self.hub.consumers.get(&consumer).map(|c| (c.window, c.out))
+    }
+
     pub fn consumer_count(&self) -> usize {
         self.hub.consumers.len()
     }

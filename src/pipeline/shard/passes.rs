@@ -35,6 +35,8 @@ impl ShardCore {
                     if let Some(c) = self.hub.consumers.get_mut(&consumer) {
                         c.held.remove(&timer.key);
                     }
+                    self.inflight
+                        .set_avoid(timer.key, timer.recipient, Some(consumer));
                     self.counters.redeliveries_timeout_total += 1;
                     self.release(timer.key, timer.recipient, Release::Timeout, 0);
                 }

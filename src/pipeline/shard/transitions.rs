@@ -106,9 +106,18 @@ impl ShardCore {
 
     /// Hands a copy to a consumer of its recipient, if one has room.
     pub(super) fn offer(&mut self, key: EventKey, recipient: RecipientId, now_ms: u64) -> bool {
-        let (chosen, skipped) = self.hub.choose(recipient);
+        let avoid = self
+            .inflight
+            .entries
+            .get(&key)
+            .and_then(|e| e.copy(recipient))
+            .and_then(|c| c.avoid);
+        let (chosen, skipped) = self.hub.choose(recipient, avoid);
         self.counters.consumer_queue_full_total += skipped;
         let Some(consumer) = chosen else { return false };
+        if avoid.is_some() {
+            self.inflight.set_avoid(key, recipient, None);
+        }
         let deadline_ms = now_ms.saturating_add(self.delivery.in_flight_timeout_ms);
         let held = CopyState::Held {
             consumer,
