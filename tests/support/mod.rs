@@ -32,8 +32,9 @@ pub struct Server {
     pub metrics_addr: Option<SocketAddr>,
     /// The data directory the server was started with.
     pub data_dir: PathBuf,
-    /// Everything the server printed after the listening line (stdout and stderr merged),
-    /// collected by a reader thread.
+    /// Everything the server printed (stdout and stderr merged), collected by a reader thread:
+    /// the lines read while waiting for its address first, then the channel.
+    startup_lines: std::cell::RefCell<Vec<String>>,
     output: mpsc::Receiver<String>,
     _tmp: Option<tempfile::TempDir>,
 }
@@ -145,6 +146,7 @@ impl Server {
                             shard_ports: shard_ports.clone(),
                             metrics_addr: Some(metrics_addr),
                             data_dir: data_dir.to_path_buf(),
+                            startup_lines: std::cell::RefCell::new(std::mem::take(&mut seen)),
                             output: rx,
                             _tmp: None,
                         };
@@ -210,7 +212,9 @@ impl Server {
 
     /// Lines the server printed since start (stdout and stderr), without waiting.
     pub fn drain_output(&self) -> Vec<String> {
-        self.output.try_iter().collect()
+        let mut lines = std::mem::take(&mut *self.startup_lines.borrow_mut());
+        lines.extend(self.output.try_iter());
+        lines
     }
 
     /// Whether the process is still running.
