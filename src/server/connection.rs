@@ -79,7 +79,7 @@ pub async fn serve(
             edge.frame_bytes_max,
             progress.clone(),
         ),
-        BufWriter::new(writer),
+        super::coalesce::Coalescing::new(writer),
         Side::Server,
         edge.reader_options,
     );
