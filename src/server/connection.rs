@@ -79,7 +79,7 @@ pub async fn serve(
             edge.frame_bytes_max,
             progress.clone(),
         ),
-        super::coalesce::Coalescing::new(writer),
+        BufWriter::new(writer),
         Side::Server,
         edge.reader_options,
     );

@@ -10,7 +10,6 @@
 //! `pinq metrics on ADDR`) and the signal handler (`shutdown.rs`); `run` returns `Ok` once every
 //! shard has shut down gracefully.
 
-mod coalesce;
 pub mod connection;
 pub mod exclusive;
 pub mod limits;
