@@ -322,24 +322,6 @@ pub fn parse_segment_name(name: &str) -> Option<u64> {
 // ---------------------------------------------------------------------------------------------
 // The writer (glommio shell).
 
-/// Counts a task in [`Wal::wait_durable`] for as long as it waits (dropped futures too).
-struct Waiting<'a>(&'a Wal);
-
-impl<'a> Waiting<'a> {
-    fn enter(wal: &'a Wal) -> Waiting<'a> {
-        wal.durable_waiters.set(wal.durable_waiters.get() + 1);
-        // A lingering writer writes at once.
-        wal.appended.notify();
-        Waiting(wal)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.durable_waiters.set(self.0.durable_waiters.get().saturating_sub(1));
-    }
-}
-
 /// Records appended but not yet handed to the writer, all for one segment.
 struct Chunk {
     segment_first_seq: u64,
@@ -354,12 +336,6 @@ struct Chunk {
 /// publishes, buffered deletes): a commit of many megabytes makes every durable write behind it
 /// wait as long, so deletes fall behind. A fixed bound: about 4 ms of writing at 1 GB/s.
 pub const BUFFER_BYTES_MAX: u64 = 4 << 20;
-
-/// How long the writer holds records that no one waits on (a `leader` publish, with no durable
-/// write or delete behind it) before writing them, so that at low rates many share one commit
-/// instead of each taking a write and a device flush of its own. A durable waiter ends the wait
-/// at once. Bounds how much longer than before unsynced `leader` writes stay unsynced.
-pub const UNWAITED_LINGER_US: u64 = 1_000;
 
 /// A chunk is cut at this size so one DMA buffer stays small.
 const CHUNK_BYTES_MAX: usize = 1 << 20;
@@ -429,9 +405,6 @@ pub struct Wal {
     /// Wakes durable waiters: `synced_seq` moved, or the log failed.
     synced: Signal,
     writer_idle: Cell<bool>,
-    /// Tasks in [`Wal::wait_durable`] whose record is not durable yet: none, and the writer
-    /// lingers (see [`UNWAITED_LINGER_US`]).
-    durable_waiters: Cell<u32>,
     /// Room for appended bytes not yet written (units: bytes, at most [`BUFFER_BYTES_MAX`]).
     buffer: glommio::sync::Semaphore,
     /// `Some((first_ms, max_ms))`: a write that fails for lack of space is retried with this
@@ -475,7 +448,6 @@ impl Wal {
             appended: Signal::default(),
             synced: Signal::default(),
             writer_idle: Cell::new(true),
-            durable_waiters: Cell::new(0),
             buffer: glommio::sync::Semaphore::new(BUFFER_BYTES_MAX),
             full_retry: Cell::new(None),
             full_log: LogLimit::new(LOG_INTERVAL_MS),
@@ -624,7 +596,6 @@ impl Wal {
 
     /// Resolves once record `seq` is covered by an fdatasync.
     pub async fn wait_durable(&self, seq: u64) -> Result<(), StoreError> {
-        let mut waiting: Option<Waiting<'_>> = None;
         loop {
             if let Some(e) = self.failure() {
                 return Err(e);
@@ -642,9 +613,6 @@ impl Wal {
                 }
                 self.synced.wait()
             };
-            if waiting.is_none() {
-                waiting = Some(Waiting::enter(self));
-            }
             wait.await;
         }
     }
@@ -716,18 +684,6 @@ impl Wal {
         self.writer_idle.get() && self.state.borrow().pending.is_empty()
     }
 
-    /// Waits up to [`UNWAITED_LINGER_US`] while records are pending that no one waits on; a
-    /// durable waiter or a shutdown ends it early.
-    async fn linger(&self) {
-        let wanted = async {
-            while self.durable_waiters.get() == 0 && !self.state.borrow().shutdown {
-                self.appended.wait().await;
-            }
-        };
-        let linger = std::time::Duration::from_micros(UNWAITED_LINGER_US);
-        futures_lite::future::or(glommio::timer::sleep(linger), wanted).await;
-    }
-
     async fn run_writer(self: Rc<Self>) {
         let mut current: Option<OpenSegment> = None;
         // Chunks taken for writing, in order: a write that fails for lack of space leaves the
@@ -737,7 +693,6 @@ impl Wal {
         // covers them.
         let mut unsynced: Option<(u64, u64)> = None;
         let mut attempt = 0u32;
-        let mut lingered = false;
         loop {
             let stop = {
                 let mut st = self.state.borrow_mut();
@@ -758,12 +713,6 @@ impl Wal {
                 continue;
             };
             self.writer_idle.set(false);
-            if !lingered && !stop && self.durable_waiters.get() == 0 {
-                lingered = true;
-                self.linger().await;
-                continue;
-            }
-            lingered = false;
             match self.write_chunks(&mut batch, &mut current).await {
                 Ok(()) => {
                     unsynced = None;
