@@ -111,6 +111,8 @@ run_pinq() {
         || echo "pinq $name failed (see $out/$name.log)"
     after=$(wal_fsyncs)
     echo "$((after - before))" > "$out/$name.fsyncs"
+    # Kept for what the table leaves out (delete batches, WAL writes, dispatch counters).
+    curl -s "http://127.0.0.1:$METRICS_PORT/metrics" > "$out/$name.metrics" || true
     if [ "$STRACE_SECS" != 0 ]; then
         "$bin" bench --server "127.0.0.1:$PINQ_PORT" "${load[@]}" \
             --duration "$((STRACE_SECS + 2))s" --ack "$ack" "${pinq_pin[@]}" \

@@ -16,23 +16,16 @@
 //! records that were never acknowledged; a zero header means "padding, skip to the next aligned
 //! block".
 //!
-//! One submission per commit: segments are opened `O_DSYNC` (`crate::storage::io::open_rw_dsync`),
-//! so a record write is on stable storage when it completes, and a commit is one write through
-//! the ring instead of a write, a wake-up, then an fdatasync (`benches/commit.rs`: the same
-//! device latency, about 28 µs less executor CPU per commit here). "fdatasync" below means that
-//! point; the seam is still asked about it (`io::synced_by_writes`) and it is still counted in
-//! [`WalCounters::fsyncs`].
-//!
 //! Preallocation: the writer zero-fills a segment ahead of its write position in doubling steps
-//! (256 KiB up to `wal_preallocate_bytes`), durable as written (with the directory synced for a
-//! new file) before records land there, so a commit overwrites blocks instead of growing
+//! (256 KiB up to `wal_preallocate_bytes`) and fdatasyncs that (with the directory for a new
+//! file) before records land there, so a commit's fdatasync overwrites blocks instead of growing
 //! the file through the filesystem journal (≈ 0.16 ms against ≈ 4 ms here). The zeros read as
 //! padding: a segment whose records end in a zero-filled tail scans as [`ScanEnd::Clean`], so
 //! recovery neither warns nor truncates it.
 //!
 //! Group commit: [`Wal::append`] encodes a record into the pending buffer at once (no I/O) and
-//! wakes the writer task; while the writer's durable write is in flight, later records pile up
-//! and share its next write. A `Durable` write waits in [`Wal::wait_durable`] for
+//! wakes the writer task; while the writer's write + fdatasync is in flight, later records pile up
+//! and share its next write and fdatasync. A `Durable` write waits in [`Wal::wait_durable`] for
 //! the fdatasync that covers its sequence number. The writer never reorders records and fsyncs a
 //! segment before it writes the next one.
 //!
@@ -384,8 +377,6 @@ pub struct WalCounters {
     /// Zeros written ahead of the records (segment preallocation).
     pub zero_fill_bytes: u64,
     pub writes: u64,
-    /// Durable points: commits, and zero fills and segment switches made durable (each an
-    /// `O_DSYNC` write's device flush rather than a separate fdatasync).
     pub fsyncs: u64,
 }
 
@@ -810,16 +801,15 @@ impl Wal {
                 .is_none_or(|seg| seg.first_seq != chunk.segment_first_seq);
             if switch {
                 if let Some(seg) = current.as_ref() {
-                    // Synced before it is let go (its writes were durable as they completed;
-                    // the disk is still asked, and a retry after a failure here asks again).
-                    dio::synced_by_writes(&seg.path)?;
+                    // Synced before it is let go: a retry after a failure here syncs it again.
+                    dio::fdatasync(&seg.file, &seg.path).await?;
                     self.state.borrow_mut().counters.fsyncs += 1;
                 }
                 if let Some(seg) = current.take() {
                     dio::close(seg.file, &seg.path).await?;
                 }
                 let path = self.dir.join(segment_name(chunk.segment_first_seq));
-                let file = dio::open_rw_dsync(&path, true).await?;
+                let file = dio::open_rw(&path, true).await?;
                 *current = Some(OpenSegment {
                     first_seq: chunk.segment_first_seq,
                     file,
@@ -850,8 +840,7 @@ impl Wal {
                     .await?;
                     self.state.borrow_mut().counters.zero_fill_bytes += target - seg.zeroed_end;
                     seg.zeroed_end = target;
-                    // The zeros (and the size they extend the file to) are durable: O_DSYNC.
-                    dio::synced_by_writes(&seg.path)?;
+                    dio::fdatasync(&seg.file, &seg.path).await?;
                     self.state.borrow_mut().counters.fsyncs += 1;
                 }
                 if !seg.named {
@@ -879,7 +868,7 @@ impl Wal {
             chunks.pop_front();
         }
         if let Some(seg) = current.as_ref() {
-            dio::synced_by_writes(&seg.path)?;
+            dio::fdatasync(&seg.file, &seg.path).await?;
         }
         Ok(())
     }
