@@ -54,7 +54,9 @@ async fn run(dir: &std::path::Path, commits: usize) {
     let dsync = dio::open_rw_dsync(&dsync_path, true).await.expect("open");
     let region = REGION_BLOCKS * dio::WRITE_ALIGN as u64;
     for (file, path) in [(&plain, &plain_path), (&dsync, &dsync_path)] {
-        dio::write_zeros(file, path, 0, region).await.expect("zeros");
+        dio::write_zeros(file, path, 0, region)
+            .await
+            .expect("zeros");
         dio::fdatasync(file, path).await.expect("sync");
     }
     dio::sync_dir_blocking(dir).expect("sync dir");
@@ -67,13 +69,21 @@ async fn run(dir: &std::path::Path, commits: usize) {
     for i in 0..commits {
         let pos = (i as u64 % REGION_BLOCKS) * dio::WRITE_ALIGN as u64;
         let (t, c) = (Instant::now(), thread_cpu_ns());
-        dio::write_padded(&plain, &plain_path, pos, &record).await.expect("write");
+        dio::write_padded(&plain, &plain_path, pos, &record)
+            .await
+            .expect("write");
         dio::fdatasync(&plain, &plain_path).await.expect("sync");
-        hist[0].record(t.elapsed().as_micros() as u64).expect("record");
+        hist[0]
+            .record(t.elapsed().as_micros() as u64)
+            .expect("record");
         cpu_ns[0] += thread_cpu_ns() - c;
         let (t, c) = (Instant::now(), thread_cpu_ns());
-        dio::write_padded(&dsync, &dsync_path, pos, &record).await.expect("write");
-        hist[1].record(t.elapsed().as_micros() as u64).expect("record");
+        dio::write_padded(&dsync, &dsync_path, pos, &record)
+            .await
+            .expect("write");
+        hist[1]
+            .record(t.elapsed().as_micros() as u64)
+            .expect("record");
         cpu_ns[1] += thread_cpu_ns() - c;
     }
     let names = ["write + fdatasync", "O_DSYNC write"];
