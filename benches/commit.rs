@@ -7,6 +7,7 @@
 //! ```text
 //! cargo bench --bench commit                      # PINQ_BENCH_COMMITS=2000, under target/
 //! PINQ_BENCH_DIR=/path/on/the/disk cargo bench --bench commit
+//! PINQ_BENCH_COMMIT_BYTES=65536 cargo bench --bench commit     # a max-rate group commit
 //! ```
 
 use std::path::PathBuf;
@@ -60,14 +61,22 @@ async fn run(dir: &std::path::Path, commits: usize) {
         dio::fdatasync(file, path).await.expect("sync");
     }
     dio::sync_dir_blocking(dir).expect("sync dir");
-    let record = vec![0x5Au8; 200];
+    // The bytes of one commit: 200 (a lone message) by default; a max-rate commit is tens of KiB.
+    let record_bytes: usize = std::env::var("PINQ_BENCH_COMMIT_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200)
+        .clamp(1, region as usize / 2);
+    let record = vec![0x5Au8; record_bytes];
     let mut hist = [
         hdrhistogram::Histogram::<u64>::new(3).expect("histogram"),
         hdrhistogram::Histogram::<u64>::new(3).expect("histogram"),
     ];
     let mut cpu_ns = [0u64; 2];
     for i in 0..commits {
-        let pos = (i as u64 % REGION_BLOCKS) * dio::WRITE_ALIGN as u64;
+        let blocks = dio::align_up(record_bytes) / dio::WRITE_ALIGN;
+        let slots = REGION_BLOCKS / blocks as u64;
+        let pos = (i as u64 % slots) * (blocks * dio::WRITE_ALIGN) as u64;
         let (t, c) = (Instant::now(), thread_cpu_ns());
         dio::write_padded(&plain, &plain_path, pos, &record)
             .await
