@@ -5,6 +5,12 @@
 # them. Results: perf/results/<date>-<host>-compare/ (machine.txt, one JSON per run, table.txt).
 #
 #   perf/compare.sh                      DURATION=10s BROKER_CPUS=0 CLIENT_CPUS=1 by default
+#   SCENARIOS="L" perf/compare.sh        only the like-beside-like low-rate rows
+#
+# Scenario L (perf/low-rate.sh, after A, B, C): like beside like at a fixed 10,000 msgs/s,
+# 1 producer, 1 consumer, 100 B: pinq `durable` beside Redis `appendfsync always`, pinq `leader`
+# beside `appendfsync everysec`, pinq's memory store beside Redis without AOF, with broker CPU,
+# WAL fdatasyncs and system calls (strace -c) per message. Its table is appended to table.txt.
 #
 # Fairness: every broker is confined to the same CPUs (BROKER_CPUS, with taskset; pinq by its
 # own --broker-cpus), and every load generator to CLIENT_CPUS. Same workload: 2 producers, one group
@@ -25,6 +31,7 @@ BROKER_CPUS="${BROKER_CPUS:-0}"
 CLIENT_CPUS="${CLIENT_CPUS-1}"
 NATS_PORT="${NATS_PORT:-14222}"
 REDIS_PORT="${REDIS_PORT:-16379}"
+SCENARIOS="${SCENARIOS:-A B C L}"
 
 [ -x "$PINQ" ] || cargo build --release
 [ -x "$PEERS" ] || CARGO_TARGET_DIR="$CARGO_TARGET_DIR/peers" \
@@ -114,6 +121,7 @@ if [ -n "$CLIENT_CPUS" ]; then
     pinq_pin=(--client-cpus "$CLIENT_CPUS")
 fi
 for s in A B C; do
+    case " $SCENARIOS " in *" $s "*) ;; *) continue ;; esac
     # shellcheck disable=SC2046
     set -- $(scenario_args "$s")
     echo "== $s pinq"
@@ -135,8 +143,14 @@ for s in A B C; do
 done
 stop_servers
 trap - EXIT
+if [ "${SCENARIOS#*L}" != "$SCENARIOS" ]; then
+    echo "== L: like beside like at a fixed 10,000 msgs/s (perf/low-rate.sh)"
+    OUT="$out/L" PINQ="$PINQ" PEERS="$PEERS" BROKER_CPUS="$BROKER_CPUS" CLIENT_CPUS="$CLIENT_CPUS" \
+        DURATION="$DURATION" REDIS_PORT="$REDIS_PORT" bash perf/low-rate.sh > "$out/L.log" 2>&1 \
+        || echo "scenario L failed (see $out/L.log)"
+fi
 
-python3 - "$out" "$DURATION" <<'PY' | tee "$out/table.txt"
+python3 - "$out" "$DURATION" "${SCENARIOS// /}" <<'PY' | tee "$out/table.txt"
 import json, os, re, sys
 out, duration = sys.argv[1], sys.argv[2]
 window = float(re.sub(r"s$", "", duration))
@@ -162,7 +176,7 @@ print("durability: pinq in-memory store | NATS JetStream file store | Redis AOF 
 print(f"{'scenario':<10} {'broker':<7} {'msgs/s':>9} {'MB/s':>7} {'sent':>9} {'missing':>7} "
       f"{'e2e p50':>9} {'e2e p99':>9} {'e2e p99.9':>9} {'pub p99':>9} {'ack p99':>9} {'cpu%':>5} {'wait%':>5}")
 names = {"A": "A 100B", "B": "B 1KiB", "C": "C 10k/s"}
-for s in "ABC":
+for s in [c for c in sys.argv[3] if c in "ABC"]:
     for b in ("pinq", "nats", "redis"):
         f = os.path.join(out, f"{s}-{b}.json")
         if not os.path.exists(f):
@@ -179,4 +193,8 @@ print("latencies in microseconds; cpu% and wait%: the broker's CPU time and run-
 print("not running: the machine was busy elsewhere) as % of one core, over pinq's measured window and")
 print("over the whole run (warm-up, window, drain) for NATS and Redis")
 PY
+if [ -e "$out/L/lowrate.txt" ]; then
+    { echo; echo "L: like beside like, fixed 10,000 msgs/s, 1 producer, 1 consumer, 100 B"; cat "$out/L/lowrate.txt"; } \
+        | tee -a "$out/table.txt"
+fi
 echo "results in $out"

@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# Low rate, like beside like (issue 11): a fixed 10,000 msgs/s of 100-byte messages, 1 producer,
+# 1 consumer, broker on BROKER_CPUS, load on CLIENT_CPUS, one row per broker configuration:
+#
+#   pinq-memory     pinq, in-memory store              beside  redis-none      Redis, no AOF
+#   pinq-leader     pinq, LSM, publishes acked leader  beside  redis-everysec  AOF, fsync every second
+#   pinq-durable    pinq, LSM, acked after fdatasync   beside  redis-always    AOF, fsync before reply
+#
+# Each row: one measured run (latency, broker CPU per message, for pinq the WAL fdatasyncs per
+# message from /metrics), then, unless STRACE_SECS=0, a second run of the same load during which
+# `strace -c -f -p <broker>` counts the broker's system calls for STRACE_SECS seconds (strace
+# slows the broker down, so latency is never read from that run): calls per message = calls /
+# (rate x STRACE_SECS), with the counts per kind kept in <row>.strace.
+#
+#   perf/low-rate.sh                      all six rows, REPEAT=1, DURATION=10s
+#   ROWS="pinq-durable redis-always" REPEAT=3 perf/low-rate.sh
+#   PINQ_B=/tmp/pinq-new ROWS="pinq-durable" perf/low-rate.sh    A/B: rows of both binaries, interleaved
+#
+# Environment: PINQ, PEERS (binaries), OUT (result directory; default a new
+# perf/results/<date>-<host>-lowrate/), RATE (10000), DURATION, BROKER_CPUS (0), CLIENT_CPUS (1),
+# STRACE_SECS (3), PINQ_ENV (extra "KEY=VALUE ..." for `pinq serve`). perf/compare.sh runs this
+# as its scenario L.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+PINQ="${PINQ:-$CARGO_TARGET_DIR/release/pinq}"
+PINQ_B="${PINQ_B:-}"
+PEERS="${PEERS:-$CARGO_TARGET_DIR/peers/release/pinq-peers}"
+RATE="${RATE:-10000}"
+DURATION="${DURATION:-10s}"
+REPEAT="${REPEAT:-1}"
+BROKER_CPUS="${BROKER_CPUS:-0}"
+CLIENT_CPUS="${CLIENT_CPUS-1}"
+STRACE_SECS="${STRACE_SECS:-3}"
+ROWS="${ROWS:-pinq-memory redis-none pinq-leader redis-everysec pinq-durable redis-always}"
+PINQ_PORT="${PINQ_PORT:-17400}"
+METRICS_PORT="${METRICS_PORT:-19400}"
+REDIS_PORT="${REDIS_PORT:-16379}"
+
+[ -x "$PINQ" ] || cargo build --release
+[ -x "$PEERS" ] || CARGO_TARGET_DIR="$CARGO_TARGET_DIR/peers" \
+    cargo build --release --manifest-path perf/peers/Cargo.toml
+case " $ROWS " in *redis*) command -v redis-server >/dev/null || {
+    echo "redis-server missing: perf/compare.sh installs it" >&2; exit 2; } ;; esac
+if [ "$STRACE_SECS" != 0 ] && ! command -v strace >/dev/null; then
+    echo "installing strace from the Debian packages"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y strace >/dev/null
+fi
+
+out="${OUT:-perf/results/$(date -u +%Y%m%d-%H%M)-$(hostname)-lowrate}"
+mkdir -p "$out"
+if [ ! -e "$out/machine.txt" ]; then
+    bash perf/machine.sh > "$out/machine.txt"
+    echo "low rate: $RATE msgs/s, 1 producer, 1 consumer, 100 B; broker cpus $BROKER_CPUS, client cpus ${CLIENT_CPUS:-not pinned}; duration $DURATION" >> "$out/machine.txt"
+fi
+pin=()
+pinq_pin=()
+if [ -n "$CLIENT_CPUS" ]; then
+    pin=(taskset -c "$CLIENT_CPUS")
+    pinq_pin=(--client-cpus "$CLIENT_CPUS")
+fi
+load=(--rate "$RATE" --producers 1 --consumers 1 --size 100 --warmup 1s)
+
+work=$(mktemp -d)
+server=""
+stop_server() {
+    if [ -n "$server" ]; then
+        kill "$server" 2>/dev/null || true
+        wait "$server" 2>/dev/null || true
+        server=""
+    fi
+}
+trap 'stop_server; rm -rf "$work"' EXIT
+
+wait_port() {
+    for _ in $(seq 1 200); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "nothing listens on port $1" >&2
+    return 1
+}
+# "<cpu ticks> <uptime s>" of a process.
+usage() { echo "$(awk '{print $14 + $15}' /proc/"$1"/stat) $(cut -d' ' -f1 /proc/uptime)"; }
+wal_fsyncs() {
+    curl -s "http://127.0.0.1:$METRICS_PORT/metrics" \
+        | awk '/^pinq_storage_wal_fsyncs_total/ {s += $2} END {print s + 0}'
+}
+# strace -c of process $1 for STRACE_SECS while the load runs: writes $2.
+strace_window() {
+    [ "$STRACE_SECS" = 0 ] && return 0
+    timeout -s INT "$STRACE_SECS" strace -c -f -p "$1" -o "$2" > /dev/null 2>&1 || true
+}
+
+# run_pinq NAME BINARY STORAGE ACK
+run_pinq() {
+    local name=$1 bin=$2 storage=$3 ack=$4
+    rm -rf "$work/data"
+    # shellcheck disable=SC2086
+    env ${PINQ_ENV:-} RUST_LOG=warn "$bin" serve --cpus "$BROKER_CPUS" --storage "$storage" \
+        --data-dir "$work/data" --listen "127.0.0.1:$PINQ_PORT" \
+        --metrics-listen "127.0.0.1:$METRICS_PORT" > "$out/$name.serve.log" 2>&1 < /dev/null &
+    server=$!
+    wait_port "$PINQ_PORT"
+    wait_port "$METRICS_PORT"
+    local before after
+    before=$(wal_fsyncs)
+    "$bin" bench --server "127.0.0.1:$PINQ_PORT" --broker-pid "$server" "${load[@]}" \
+        --duration "$DURATION" --ack "$ack" "${pinq_pin[@]}" \
+        --json "$out/$name.json" --out-dir "$out/$name" > /dev/null 2> "$out/$name.log" \
+        || echo "pinq $name failed (see $out/$name.log)"
+    after=$(wal_fsyncs)
+    echo "$((after - before))" > "$out/$name.fsyncs"
+    # Kept for what the table leaves out (delete batches, WAL writes, dispatch counters).
+    curl -s "http://127.0.0.1:$METRICS_PORT/metrics" > "$out/$name.metrics" || true
+    if [ "$STRACE_SECS" != 0 ]; then
+        "$bin" bench --server "127.0.0.1:$PINQ_PORT" "${load[@]}" \
+            --duration "$((STRACE_SECS + 2))s" --ack "$ack" "${pinq_pin[@]}" \
+            --out-dir "$work/strace-out" > /dev/null 2>&1 &
+        local bench=$!
+        sleep 1.5
+        strace_window "$server" "$out/$name.strace"
+        wait "$bench" || true
+    fi
+    stop_server
+}
+
+# run_redis NAME AOF-MODE(none|everysec|always)
+run_redis() {
+    local name=$1 mode=$2 aof
+    rm -rf "$work/redis"
+    mkdir -p "$work/redis"
+    if [ "$mode" = none ]; then aof=(--appendonly no); else aof=(--appendonly yes --appendfsync "$mode"); fi
+    setsid taskset -c "$BROKER_CPUS" redis-server --bind 127.0.0.1 --port "$REDIS_PORT" \
+        --dir "$work/redis" "${aof[@]}" --save "" --protected-mode no \
+        > "$out/$name.serve.log" 2>&1 < /dev/null &
+    server=$!
+    wait_port "$REDIS_PORT"
+    local before
+    before=$(usage "$server")
+    "${pin[@]}" "$PEERS" redis --server "127.0.0.1:$REDIS_PORT" "${load[@]}" --duration "$DURATION" \
+        --json "$out/$name.json" > /dev/null 2> "$out/$name.log" || echo "redis $name failed"
+    echo "$before $(usage "$server")" | awk '{printf "%.2f %.2f\n", ($3-$1)/100, $4-$2}' > "$out/$name.usage"
+    if [ "$STRACE_SECS" != 0 ]; then
+        "${pin[@]}" "$PEERS" redis --server "127.0.0.1:$REDIS_PORT" "${load[@]}" \
+            --duration "$((STRACE_SECS + 2))s" --json "$work/strace.json" > /dev/null 2>&1 &
+        local bench=$!
+        sleep 1.5
+        strace_window "$server" "$out/$name.strace"
+        wait "$bench" || true
+    fi
+    stop_server
+}
+
+run_row() {
+    local row=$1 bin=$2 name=$3
+    case "$row" in
+        pinq-memory) run_pinq "$name" "$bin" memory durable ;;
+        pinq-leader) run_pinq "$name" "$bin" lsm leader ;;
+        pinq-durable) run_pinq "$name" "$bin" lsm durable ;;
+        redis-none) run_redis "$name" none ;;
+        redis-everysec) run_redis "$name" everysec ;;
+        redis-always) run_redis "$name" always ;;
+        *) echo "unknown row $row" >&2; exit 2 ;;
+    esac
+}
+
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/loadavg.txt"
+for r in $(seq 1 "$REPEAT"); do
+    for row in $ROWS; do
+        echo "== $row (run $r)"
+        run_row "$row" "$PINQ" "$row.$r"
+        if [ -n "$PINQ_B" ] && [ "${row#pinq}" != "$row" ]; then
+            echo "== $row B (run $r)"
+            run_row "$row" "$PINQ_B" "$row-B.$r"
+        fi
+    done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/loadavg.txt"
+
+python3 - "$out" "$DURATION" "$RATE" "$STRACE_SECS" <<'PY' | tee "$out/lowrate.txt"
+import glob, json, os, re, sys
+out, duration, rate, strace_secs = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+window = float(re.sub(r"s$", "", duration))
+
+def cpu_secs(name):
+    if name.startswith("pinq"):
+        try:
+            text = open(os.path.join(out, name, "report.txt")).read()
+            return float(re.search(r"broker: +([0-9.]+) CPU s", text).group(1)), window
+        except (OSError, AttributeError):
+            return None
+    try:
+        cpu, elapsed = map(float, open(os.path.join(out, f"{name}.usage")).read().split())
+        return cpu, elapsed
+    except (OSError, ValueError):
+        return None
+
+def strace(name):
+    """(calls per message, the three largest kinds as 'name:per-message')."""
+    try:
+        lines = open(os.path.join(out, f"{name}.strace")).read().splitlines()
+    except OSError:
+        return None
+    kinds, total = [], None
+    for line in lines:
+        f = line.split()
+        if len(f) >= 5 and f[0] != "%" and not line.startswith("-"):
+            try:
+                calls = int(f[3])
+            except ValueError:
+                continue
+            if f[-1] == "total":
+                total = calls
+            else:
+                kinds.append((calls, f[-1]))
+    if total is None:
+        return None
+    msgs = rate * strace_secs
+    kinds.sort(reverse=True)
+    return total / msgs, " ".join(f"{k}:{c / msgs:.2f}" for c, k in kinds[:4])
+
+print(f"{'row':<22} {'msgs/s':>8} {'missing':>7} {'e2e p50':>8} {'e2e p99':>8} {'p99.9':>8} "
+      f"{'pub p99':>8} {'cpu µs/msg':>10} {'fsync/msg':>9} {'sys/msg':>7}  syscalls per message by kind")
+for f in sorted(glob.glob(os.path.join(out, "*.json"))):
+    name = os.path.basename(f)[:-5]
+    j = json.load(open(f))
+    e, p = j["e2e_us"], j["publish_ack_us"]
+    c = cpu_secs(name)
+    cpu = f"{1e6 * c[0] / (j['msgs_per_sec'] * c[1]):.1f}" if c and j["msgs_per_sec"] else "?"
+    fs = "n/a"
+    try:
+        fs = f"{int(open(os.path.join(out, name + '.fsyncs')).read()) / max(j['sent'], 1):.2f}"
+    except (OSError, ValueError):
+        pass
+    s = strace(name)
+    sysm, kinds = (f"{s[0]:.1f}", s[1]) if s else ("?", "")
+    print(f"{name:<22} {j['msgs_per_sec']:>8.0f} {j['missing']:>7} {e['p50']:>8} {e['p99']:>8} {e['p999']:>8} "
+          f"{p['p99']:>8} {cpu:>10} {fs:>9} {sysm:>7}  {kinds}")
+print("latency in µs, end to end from the intended send time; cpu: the broker's user+system time per")
+print("message over the window (pinq: the measured window; Redis: the whole run); fsync/msg: WAL")
+print("fdatasyncs (pinq_storage_wal_fsyncs_total) per message sent; sys/msg: strace -c -f of the broker")
+print("over a separate run of the same load")
+PY
+echo "results in $out"
