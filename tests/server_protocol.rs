@@ -70,11 +70,8 @@ enum Answer {
 
 async fn publish_raw(broker: &broker::Client, messages: &[PublishMessage]) -> Answer {
     let mut request = broker.publish_request();
-    pinq::rpc::write_publish_batch(
-        request.get().init_messages(messages.len() as u32),
-        messages,
-    )
-    .expect("encode");
+    pinq::rpc::write_publish_batch(request.get().init_messages(messages.len() as u32), messages)
+        .expect("encode");
     request.get().set_ack_level(AckLevel::Durable.into());
     match request.send().promise.await {
         Err(e) => Answer::Exception(e.kind, e.extra),
@@ -84,7 +81,11 @@ async fn publish_raw(broker: &broker::Client, messages: &[PublishMessage]) -> An
             Answer::Refusal(
                 refusal.get_code().expect("known code"),
                 refusal.get_index(),
-                refusal.get_message().expect("text").to_string().expect("utf-8"),
+                refusal
+                    .get_message()
+                    .expect("text")
+                    .to_string()
+                    .expect("utf-8"),
                 results.get_tags().expect("tags").len() as usize,
             )
         }
@@ -108,7 +109,10 @@ fn a_v2_publish_whose_third_message_is_refused_answers_code_and_index_and_stores
             (answer, version, published(arg).await)
         })
     });
-    assert_eq!(version, 2, "the broker answers the version the connection speaks");
+    assert_eq!(
+        version, 2,
+        "the broker answers the version the connection speaks"
+    );
     match answer {
         Answer::Refusal(code, index, message, tags) => {
             assert_eq!((code, index, tags), (WireCode::InvalidTopic, 2, 0));
@@ -183,7 +187,10 @@ fn an_ack_on_a_closed_subscription_is_a_typed_refusal_on_v2_and_the_old_exceptio
     let (v2, v1) = within(Duration::from_secs(30), move || {
         on_executor(move || async move {
             let v2 = ack_after_close(addr, 2).await;
-            let v1 = ack_after_close(addr, 1).await.map(|_| ()).map_err(|e| e.extra);
+            let v1 = ack_after_close(addr, 1)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.extra);
             (v2.map_err(|e| e.extra), v1)
         })
     });

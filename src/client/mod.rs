@@ -150,7 +150,10 @@ impl ClientError {
     }
 
     /// The refusal a reply's `refusal` field carries, as the error to return.
-    fn rejected(present: bool, reader: rpc::pinq_capnp::refusal::Reader<'_>) -> Result<(), ClientError> {
+    fn rejected(
+        present: bool,
+        reader: rpc::pinq_capnp::refusal::Reader<'_>,
+    ) -> Result<(), ClientError> {
         match Refusal::read(present, reader).map_err(ClientError::BadReply)? {
             Some(refusal) => Err(ClientError::Rejected(refusal)),
             None => Ok(()),

@@ -128,8 +128,9 @@ impl broker::Server for FakeBroker {
         }
         // A fake of protocol 1 only refuses newer clients, as such a broker does.
         if self.server_version == 1 && client_version > 1 {
-            return Err(crate::rpc::refusal::Code::UnsupportedVersion
-                .error(format!("this broker speaks 1, not clientVersion {client_version}")));
+            return Err(crate::rpc::refusal::Code::UnsupportedVersion.error(format!(
+                "this broker speaks 1, not clientVersion {client_version}"
+            )));
         }
         let mut reply = results.get();
         reply.set_server_version(self.server_version);

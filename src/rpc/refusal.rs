@@ -357,9 +357,12 @@ mod tests {
         assert_eq!(Code::from_wire(RefusalCode::None), None);
     }
 
-    fn written(refusal: Option<&Refusal>) -> capnp::message::Builder<capnp::message::HeapAllocator> {
+    fn written(
+        refusal: Option<&Refusal>,
+    ) -> capnp::message::Builder<capnp::message::HeapAllocator> {
         let mut message = capnp::message::Builder::new_default();
-        let mut results = message.init_root::<crate::rpc::pinq_capnp::broker::publish_results::Builder<'_>>();
+        let mut results =
+            message.init_root::<crate::rpc::pinq_capnp::broker::publish_results::Builder<'_>>();
         if let Some(refusal) = refusal {
             refusal.write(results.reborrow().init_refusal());
         }

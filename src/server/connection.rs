@@ -591,7 +591,9 @@ impl BrokerImpl {
         }
         let _room = self.room_for(bytes).await?;
         match self.store(parts, len).await? {
-            Stored::Tags(tags) => rpc::write_tags(results.get().init_tags(tags.len() as u32), &tags),
+            Stored::Tags(tags) => {
+                rpc::write_tags(results.get().init_tags(tags.len() as u32), &tags)
+            }
             Stored::NotLeader(hint) => write_not_leader(results.get().init_not_leader(), &hint),
         }
         Ok(())
@@ -672,8 +674,8 @@ impl broker::Server for BrokerImpl {
         // A failed hello leaves the connection unauthenticated, whatever an earlier one gave.
         let access = self.topology.security.tokens.authenticate(token);
         *self.access.borrow_mut() = access.as_ref().ok().cloned();
-        let access = access
-            .map_err(|denied| self.denied(Code::Unauthenticated, denied).into_capnp())?;
+        let access =
+            access.map_err(|denied| self.denied(Code::Unauthenticated, denied).into_capnp())?;
         // The connection answers in the client's version from now on (its subscriptions too).
         self.conn.set_protocol_version(client_version);
         if let Some(name) = access.name() {

@@ -221,14 +221,20 @@ fn each_bad_publish_message_maps_to_its_refusal_code_and_index() {
         max: 16,
     };
     let refusal = with_headers.refusal().unwrap();
-    assert_eq!((refusal.code, refusal.index), (Code::MessageTooLarge, Some(4)));
+    assert_eq!(
+        (refusal.code, refusal.index),
+        (Code::MessageTooLarge, Some(4))
+    );
     let headers = WireError::TooLarge {
         field: Field::at("messages", 3, "headers (count)"),
         value: 300,
         max: 256,
     };
     let refusal = headers.refusal().unwrap();
-    assert_eq!((refusal.code, refusal.index), (Code::TooManyHeaders, Some(3)));
+    assert_eq!(
+        (refusal.code, refusal.index),
+        (Code::TooManyHeaders, Some(3))
+    );
     let producer = WireError::TooLong {
         field: Field::at("messages", 0, "producerId"),
         len: 300,
