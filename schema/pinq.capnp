@@ -3,6 +3,17 @@
 # This file is the whole contract between pinq and its clients: a client in any language with a
 # Cap'n Proto RPC implementation can use the broker from it alone.
 #
+# Loading
+# -------
+# The file imports nothing: it needs no import path and no other schema file.
+#   pycapnp:   pinq = capnp.load("pinq.capnp")
+#   C++:       capnp compile -oc++ pinq.capnp
+#   Rust:      capnp compile -orust pinq.capnp, or capnpc::CompilerCommand::new().file("pinq.capnp")
+#              .run() in build.rs (pinq's own build.rs, into src/rpc/pinq_capnp.rs)
+#   Go:        capnpc-go wants `$Go.package` and `$Go.import` annotations: add them (and the
+#              import of go.capnp they need) to a copy of this file, then
+#              capnp compile -I<go-capnp>/std -ogo pinq.capnp
+#
 # Connecting
 # ----------
 # Open a TCP connection to the broker's client port (default 127.0.0.1:7400) and start a
@@ -23,11 +34,26 @@
 # ------
 # A request the broker refuses (an empty or overlong topic, a payload over `publish.maxMessageBytes`,
 # a negative delay or TTL, an ack level below `publish.minAckLevel`, too many messages in one batch,
-# an unsupported protocol version, ...) fails with a Cap'n Proto exception of type `failed` whose
-# description names the problem (and, for a batch, the index of the offending entry). A refused
-# batch writes nothing: batches are atomic. An exception of type `overloaded` means "try again
-# later"; `disconnected` means the connection or the shard behind it is gone. Per-tag outcomes of
-# ack/nack/touch are not exceptions: they come back as a `TagResult` per tag.
+# a token without the permission, a bound such as `publish.maxBytesInFlight` or a full disk, ...)
+# is answered with a `Refusal`: a `RefusalCode` to match on, the index of the offending entry of
+# the batch, a sentence for people, and whether the same request may succeed later. A refused
+# batch writes nothing: batches are atomic. How the refusal travels depends on the version the
+# connection's `hello` negotiated:
+#
+# - protocol 2 (`clientVersion` >= 2): in the `refusal` field of the results of `publish`, `ack`,
+#   `nack` and `touch`. The call returns normally, with `tags` (or `results`) empty; a client
+#   must check `refusal.code != none` before it reads anything else.
+# - protocol 1: as a Cap'n Proto exception whose description is the refusal's `message` (for a
+#   code of `rpc::refusal` it starts with the code, a colon and a space; a batch's index appears
+#   inside the sentence, `messages[3].topic`): type `overloaded` when `retryable`, else `failed`.
+#   A v1 client would otherwise take a refused batch for a stored one with no tags.
+#
+# The other calls (`hello`, `subscribe`, the admin calls) refuse with exceptions in both versions,
+# their text "code: sentence" where a code applies. Exceptions also stay for what is not a refusal
+# of the request: `disconnected` means the connection or the shard behind it is gone, `failed`
+# without a refusal a malformed message or an internal failure (the request may or may not have
+# taken effect). Per-tag outcomes of ack/nack/touch are not refusals: they come back as a
+# `TagResult` per tag.
 #
 # Delivery tags
 # -------------
@@ -37,9 +63,14 @@
 
 @0x88d5e0f10fc40177;
 
-const protocolVersion :UInt32 = 1;
+const protocolVersion :UInt32 = 2;
 # The protocol version this schema describes, sent in `Broker.hello`. It changes only when a
 # change is not backward compatible; fields and methods added later keep the version.
+# Version 2: refusals of `publish`, `ack`, `nack` and `touch` come in the results' `refusal`
+# field instead of as exceptions (see "Errors" above). The broker still speaks version 1.
+
+const noIndex :UInt32 = 0xffffffff;
+# `Refusal.index` when the refusal is about the call as a whole, not one entry of its batch.
 
 const anyShard :UInt32 = 0xffffffff;
 # The `shardId` that `Broker.hello` answers on the shared client port (any shard may serve it).
@@ -58,9 +89,11 @@ interface Broker {
   # Version handshake: call once, first. Every other call before a successful `hello` fails
   # (type `failed`, text `helloRequired: ...`). `clientVersion` is the `protocolVersion` the
   # client was built against; a version the broker does not speak fails the call
-  # (`unsupportedVersion: ...`). Otherwise it answers with its own `protocolVersion` (a client
-  # must stop if it does not support that one), its number of shards, and the shard whose port
-  # this connection reached (`anyShard` on the shared client port).
+  # (`unsupportedVersion: ...`; this broker speaks 1 and 2). Otherwise it answers with the
+  # version the connection speaks from then on, which is `clientVersion` (a client must stop if
+  # it does not support the answer), its number of shards, and the shard whose port this
+  # connection reached (`anyShard` on the shared client port). A client of version 2 talking to
+  # a broker that refuses it may call `hello` again with 1 and read refusals as exceptions.
   #
   # `token` (added after protocol version 1; old clients leave it empty): the secret bytes of
   # an access token. When the broker is configured with tokens (`[[auth.tokens]]`), `hello`
@@ -71,9 +104,10 @@ interface Broker {
   # A broker without tokens ignores the field. Send tokens only over TLS.
 
   publish @1 (messages :List(PublishMessage), ackLevel :AckLevel)
-      -> (tags :List(Data), notLeader :NotLeader);
+      -> (tags :List(Data), notLeader :NotLeader, refusal :Refusal);
   # Publishes a batch of messages, possibly to several topics. The batch is atomic: if any
-  # message is refused (see "Errors" above), the call fails and nothing is written. The reply
+  # message is refused (see "Errors" above), nothing is written and, on protocol 2, `refusal`
+  # says why and which message (`index`); `tags` is then empty. The reply
   # comes once the batch has reached `ackLevel`; `tags` holds each message's 24-byte delivery tag,
   # in the order of `messages`. An empty batch is allowed and returns no tags.
   #
@@ -83,7 +117,7 @@ interface Broker {
   # a short wait). A batch whose topics belong to shards led by different nodes must be split by
   # shard (the owner of a topic is given at the top of this file). If the call fails instead
   # (an exception) while a leader changes, the batch may or may not be stored: publishing it
-  # again is at-least-once.
+  # again is at-least-once. A refusal, unlike an exception, always means nothing was stored.
 
   subscribe @2 (topic :Text, group :Text, consumer :Consumer, queueSize :UInt32)
       -> (subscription :Subscription, consumerId :Data, notLeader :NotLeader, queueSize :UInt32,
@@ -210,17 +244,19 @@ interface Consumer {
 interface Subscription {
   # One consumer's handle, returned by `Broker.subscribe`. Only the consumer that received a copy
   # may ack, nack or touch it. Each call returns one `TagResult` per tag, in the order given;
-  # a refused tag changes nothing.
+  # a refused tag changes nothing. A call refused as a whole (the subscription is closed or was
+  # ended by the broker, too many calls in flight) changes nothing either: on protocol 2 its
+  # `refusal` is set (`index` = `noIndex`) and `results` is empty (see "Errors" above).
 
-  ack @0 (tags :List(Data)) -> (results :List(TagResult));
+  ack @0 (tags :List(Data)) -> (results :List(TagResult), refusal :Refusal);
   # Acknowledges delivered copies. A message is deleted once every recipient it was dispatched to
   # has acknowledged it.
 
-  nack @1 (tags :List(Data), delayMs :UInt64) -> (results :List(TagResult));
+  nack @1 (tags :List(Data), delayMs :UInt64) -> (results :List(TagResult), refusal :Refusal);
   # Hands delivered copies back for redelivery (to the next consumer of the group, or to this
   # universal consumer) after `delayMs` milliseconds, 0 meaning at once.
 
-  touch @2 (tags :List(Data)) -> (results :List(TagResult));
+  touch @2 (tags :List(Data)) -> (results :List(TagResult), refusal :Refusal);
   # Extends the lease of delivered copies: their in-flight timeout starts again from now.
 
   close @3 () -> ();
@@ -436,4 +472,80 @@ struct GroupStats {
   scheduled @12 :UInt64;
   # Gauge: the topic's stored messages whose delay has not passed yet (they will reach this
   # recipient when due).
+}
+
+struct Refusal {
+  # Why the broker refused a request (protocol 2; see "Errors" at the top of this file). Nothing
+  # of the request was done. An unset `refusal` field reads as `code` = `none`: test the code,
+  # not the field's presence, in any language.
+
+  code @0 :RefusalCode;
+  index @1 :UInt32 = 0xffffffff;
+  # The offending entry of the request's batch (`messages[index]` of `publish`), or `noIndex`
+  # when the call as a whole is refused.
+  message @2 :Text;
+  # For people and logs: what was refused and the bound or config key behind it. The same text
+  # a protocol 1 client gets as the exception's description. Do not parse it; match on `code`.
+  retryable @3 :Bool;
+  # The same request may succeed later unchanged (the node is busy, its disk full): retry with a
+  # backoff. False: only a change of the request or of the broker's configuration helps. A client
+  # that does not know a (newer) `code` goes by this.
+}
+
+enum RefusalCode {
+  # The code of a `Refusal`. Codes are protocol: new ones are added at the end, none is ever
+  # renumbered or renamed. The name is also the "code: " prefix of refusals sent as exceptions.
+
+  none @0;
+  # No refusal: the request was done (what an unset `refusal` field reads as).
+
+  tooManyConnections @1;
+  # The node serves `server.maxConnections` connections already. Retryable.
+  tooManyCalls @2;
+  # The connection has `server.maxCallsInFlight` calls unanswered. Retryable.
+  tooManySubscriptions @3;
+  # The connection has `server.maxSubscriptionsPerConnection` subscriptions open.
+  publishBytesInFlight @4;
+  # The shard holds `publish.maxBytesInFlight` bytes of publishes not yet stored. Retryable.
+  tooManyGroups @5;
+  # `delivery.maxGroupsPerTopic` or `maxGroupsPerShard` reached.
+  tooManyConsumers @6;
+  # `delivery.maxConsumersPerGroup` reached.
+  diskFull @7;
+  # The shard's disk is full; writes are refused until space returns. Retryable.
+  unauthenticated @8;
+  # `hello` carried no token, or one the broker does not accept.
+  forbidden @9;
+  # The connection's token does not allow this (`index`: the message whose topic it may not
+  # publish to).
+  helloRequired @10;
+  # A call came before a successful `hello`.
+  unsupportedVersion @11;
+  # `hello` carried a `clientVersion` this broker does not speak.
+
+  invalidTopic @12;
+  # `messages[index].topic` is empty or longer than 255 bytes.
+  notUtf8 @13;
+  # A text field of `messages[index]` (topic, header key, producer id) is not UTF-8.
+  messageTooLarge @14;
+  # `messages[index]`: payload and headers together exceed `publish.maxMessageBytes`.
+  tooManyHeaders @15;
+  # `messages[index]` has more headers than the broker takes (256).
+  invalidProducerId @16;
+  # `messages[index].producerId` is longer than 255 bytes.
+  invalidDelay @17;
+  # `messages[index].delayMs` is negative.
+  invalidTtl @18;
+  # `messages[index].ttlMs` is negative.
+  batchTooLarge @19;
+  # The batch has more messages than `publish.maxBatchMessages`.
+  invalidAckLevel @20;
+  # `ackLevel` is a value this broker does not know (a newer client?).
+  ackLevelTooLow @21;
+  # `ackLevel` is weaker than `publish.minAckLevel`.
+  subscriptionClosed @22;
+  # `ack`/`nack`/`touch` on a subscription that was closed, or that the broker ended (its shard
+  # changed leader, or its consumer is gone): subscribe again. The copies it held are redelivered.
+  invalidRequest @23;
+  # Another field of the request breaks the protocol; `message` names it.
 }

@@ -1,6 +1,6 @@
 //! A client in another language, written from `schema/` alone: `schema/examples/python_client.py`
-//! (pycapnp) publishes, subscribes, receives through the `deliver` stream and ACKs against a real
-//! `pinq serve`.
+//! (pycapnp) speaks protocol 2 (reads a refused publish's code and index from the results),
+//! publishes, subscribes, receives through `deliver` and ACKs against a real `pinq serve`.
 //!
 //! Needs `python3` with `pycapnp`. Where it is missing the test says so and passes, except when
 //! `PINQ_REQUIRE_PYTHON_CLIENT=1` (set by `.ci/run`, which installs pycapnp): then it fails.
@@ -47,6 +47,10 @@ fn a_python_client_built_from_the_schema_publishes_consumes_and_acks() {
     assert!(
         stdout.contains("delivered and acked 5 message(s)"),
         "unexpected output:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("refused: invalidTopic at message 1 (retryable: False)"),
+        "the typed refusal is missing:\n{stdout}"
     );
     for i in 0..5 {
         assert!(

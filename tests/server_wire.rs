@@ -464,7 +464,7 @@ fn bad_requests_get_errors_and_the_broker_keeps_serving() {
         }
         let client = Client::connect(addr).await.expect("connect");
         let refused = |r: Result<Vec<pinq::client::EventKey>, ClientError>, what: &str| match r {
-            Err(ClientError::Refused(_)) | Err(ClientError::InvalidRequest(_)) => {}
+            Err(ClientError::Rejected(_)) | Err(ClientError::InvalidRequest(_)) => {}
             other => panic!("{what}: expected an error, got {other:?}"),
         };
         refused(

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """A pinq client in Python, written from schema/pinq.capnp alone (pycapnp 2.x).
 
-Publishes a few messages, subscribes as a member of a group, receives them through the
-`Consumer.deliver` stream, ACKs each, and checks the broker answered `ok` for every tag.
+Speaks protocol 2: publishes a batch the broker refuses (its second message has an empty topic)
+and prints the typed refusal read from the results (code and index of the offending message);
+then publishes a few messages, subscribes as a member of a group, receives them through
+`Consumer.deliver`, ACKs each, and checks the broker answered `ok` for every tag.
 
     pip install pycapnp
     cargo run --release -- serve --storage memory &        # a broker on 127.0.0.1:7400
@@ -26,7 +28,10 @@ import capnp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA = os.path.join(HERE, "..", "pinq.capnp")
-pinq = capnp.load(SCHEMA, imports=[os.path.join(HERE, "..", "include")])
+# The schema needs no import path. `include/` is passed only while it exists: it shipped
+# /capnp/stream.capnp for as long as `Consumer.deliver` was declared `-> stream`.
+INCLUDE = os.path.join(HERE, "..", "include")
+pinq = capnp.load(SCHEMA, imports=[INCLUDE] if os.path.isdir(INCLUDE) else [])
 
 
 class Consumer(pinq.Consumer.Server):
@@ -38,6 +43,26 @@ class Consumer(pinq.Consumer.Server):
     async def deliver(self, deliveries, **kwargs):
         for d in deliveries:
             await self.inbox.put((d.topic, bytes(d.payload), bytes(d.tag), d.attempt))
+
+
+async def show_refusal(broker, topic):
+    """Publishes a batch whose second message has an empty topic and prints the refusal.
+
+    A refused call returns normally: test `refusal.code` (it reads "none" when the field is
+    unset) before anything else. `index` is the offending message, `noIndex` the whole call.
+    """
+    request = broker.publish_request()
+    messages = request.init("messages", 2)
+    messages[0].topic = topic
+    messages[0].payload = b"never stored"
+    messages[1].topic = ""
+    request.ackLevel = "durable"
+    reply = await request.send()
+    refusal = reply.refusal
+    assert refusal.code == "invalidTopic" and refusal.index == 1, refusal
+    assert len(reply.tags) == 0, "a refused batch stores nothing"
+    where = "the whole call" if refusal.index == pinq.noIndex else f"message {refusal.index}"
+    print(f"refused: {refusal.code} at {where} (retryable: {refusal.retryable}): {refusal.message}")
 
 
 def tls_context(args):
@@ -70,10 +95,14 @@ async def main(args):
 
     # hello comes first: the broker refuses every other call before it (helloRequired), and
     # with tokens configured it checks the token here (unauthenticated when missing or unknown).
+    # With protocolVersion 2 the broker answers refusals of publish/ack/nack/touch in the results'
+    # `refusal` field; it answers with the version the connection speaks.
     hello = await broker.hello(pinq.protocolVersion, token_of(args))
     print(f"server protocol {hello.serverVersion}, {hello.shardCount} shard(s)")
+    assert hello.serverVersion == pinq.protocolVersion, "the broker speaks another version"
 
     topic = "python-example"
+    await show_refusal(broker, topic)
     inbox = asyncio.Queue()
     sub = (await broker.subscribe(topic, "py-workers", Consumer(inbox), 64)).subscription
 
@@ -84,7 +113,9 @@ async def main(args):
         m.topic = topic
         m.payload = f"hello {i} from python".encode()
     request.ackLevel = "durable"
-    tags = (await request.send()).tags
+    reply = await request.send()
+    assert reply.refusal.code == "none", f"publish refused: {reply.refusal.message}"
+    tags = reply.tags
     assert len(tags) == count, f"{len(tags)} tags for {count} messages"
     for t in tags:
         assert len(t) == pinq.tagBytes
@@ -93,8 +124,9 @@ async def main(args):
     while len(seen) < count:
         topic_got, payload, tag, attempt = await asyncio.wait_for(inbox.get(), timeout=15)
         print(f"{topic_got}: {payload.decode()} (attempt {attempt})")
-        results = (await sub.ack([tag])).results
-        assert list(results) == ["ok"], f"ack answered {list(results)}"
+        reply = await sub.ack([tag])
+        assert reply.refusal.code == "none", f"ack refused: {reply.refusal.message}"
+        assert list(reply.results) == ["ok"], f"ack answered {list(reply.results)}"
         seen.add(payload)
     await sub.close()
     print(f"delivered and acked {len(seen)} message(s)")

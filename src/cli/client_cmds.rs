@@ -175,13 +175,15 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
                     let line = line.context("reading stdin")?;
                     batch.push(make(line.into_bytes()));
                     if batch.len() == STDIN_BATCH_LEN {
+                        let first = sent;
                         sent += batch.len();
-                        window.send(std::mem::take(&mut batch)).await?;
+                        window.send(std::mem::take(&mut batch), first).await?;
                     }
                 }
                 if !batch.is_empty() {
+                    let first = sent;
                     sent += batch.len();
-                    window.send(batch).await?;
+                    window.send(batch, first).await?;
                 }
             } else {
                 let batch: Vec<PublishMessage> = args
@@ -190,7 +192,7 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
                     .map(|m| make(m.clone().into_bytes()))
                     .collect();
                 sent += batch.len();
-                window.send(batch).await?;
+                window.send(batch, 0).await?;
             }
             window.flush().await?;
             tracing::info!(messages = sent, topic = %args.topic, "published");
@@ -199,11 +201,15 @@ pub fn publish(args: PublishArgs) -> anyhow::Result<()> {
     })
 }
 
+/// A batch being published: the number (from 0) of its first message among all the command
+/// publishes, and its reply.
+type InFlight = (usize, glommio::task::JoinHandle<Result<(), ClientError>>);
+
 /// Up to [`PUBLISH_WINDOW`] batches in flight through a [`Router`], answered in order.
 struct PublishWindow {
     router: Rc<Router>,
     ack: AckLevel,
-    in_flight: std::collections::VecDeque<glommio::task::JoinHandle<Result<(), ClientError>>>,
+    in_flight: std::collections::VecDeque<InFlight>,
 }
 
 impl PublishWindow {
@@ -215,7 +221,8 @@ impl PublishWindow {
         }
     }
 
-    async fn send(&mut self, batch: Vec<PublishMessage>) -> anyhow::Result<()> {
+    /// Sends `batch`, whose first message is message `first` (from 0) of the command's input.
+    async fn send(&mut self, batch: Vec<PublishMessage>, first: usize) -> anyhow::Result<()> {
         if self.in_flight.len() >= PUBLISH_WINDOW {
             self.wait_oldest().await?;
         }
@@ -224,14 +231,15 @@ impl PublishWindow {
         let task =
             glommio::spawn_local(async move { router.publish(&batch, ack).await.map(|_| ()) })
                 .detach();
-        self.in_flight.push_back(task);
+        self.in_flight.push_back((first, task));
         Ok(())
     }
 
     async fn wait_oldest(&mut self) -> anyhow::Result<()> {
-        if let Some(task) = self.in_flight.pop_front() {
+        if let Some((first, task)) = self.in_flight.pop_front() {
             match task.await {
-                Some(result) => result.context("publishing")?,
+                Some(Err(e)) => return Err(publish_failed(e, first)),
+                Some(Ok(())) => {}
                 None => anyhow::bail!("publishing: the publish task was cancelled"),
             }
         }
@@ -244,6 +252,20 @@ impl PublishWindow {
         }
         Ok(())
     }
+}
+
+/// A failed batch as the user reads it: a typed refusal names the message (counting from 1
+/// over the whole input: the argument or the line of stdin) that the broker refused.
+fn publish_failed(e: ClientError, first: usize) -> anyhow::Error {
+    let index = e.refused_index();
+    let context = match index {
+        Some(i) => format!(
+            "publishing: message {} was refused, nothing of its batch was stored",
+            first + i as usize + 1
+        ),
+        None => "publishing".to_owned(),
+    };
+    anyhow::Error::new(e).context(context)
 }
 
 pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {

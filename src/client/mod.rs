@@ -20,7 +20,11 @@
 //! it) closes the connection at once; replies not awaited by then are abandoned, and the broker
 //! redelivers whatever the consumers held. [`Client::close`] closes gracefully.
 //!
-//! Errors are a [`ClientError`]; nothing here panics on a bad reply or a lost connection.
+//! Errors are a [`ClientError`]; nothing here panics on a bad reply or a lost connection. The
+//! client speaks protocol 2, in which the broker answers a refused publish, ack, nack or touch
+//! with a typed [`Refusal`] (code, index of the offending message) in the results:
+//! [`ClientError::Rejected`]. Against a broker that speaks only protocol 1 it falls back to 1,
+//! and reads the same refusals from the exceptions' text ([`ClientError::refusal`]).
 
 mod policy;
 mod publisher;
@@ -53,12 +57,13 @@ pub use crate::config::AckLevel;
 pub use crate::key::EventKey;
 use crate::key::TopicHash;
 pub use crate::message::Header;
+pub use crate::rpc::refusal::{Code as RefusalCode, Refusal};
 pub use crate::rpc::{
     Delivery, GroupStats, PublishMessage, ShardInfo, ShardStats, Stats, TagResult, WireError,
 };
 
 use crate::rpc::pinq_capnp::broker;
-use crate::rpc::{self, ANY_SHARD, PROTOCOL_VERSION};
+use crate::rpc::{self, ANY_SHARD, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 use crate::security::client::ClientTls;
 
 /// Errors of the client library.
@@ -82,6 +87,10 @@ pub enum ClientError {
     /// The broker refused the request (a Cap'n Proto `failed` exception); the text says why.
     #[error("the broker refused the request: {0}")]
     Refused(String),
+    /// The broker refused the request with a typed refusal in its results (protocol 2): a code,
+    /// the index of the offending message, and whether a retry may succeed. Nothing was done.
+    #[error("the broker refused the request: {0}")]
+    Rejected(Refusal),
     /// The broker is overloaded (an `overloaded` exception): try again later.
     #[error("the broker is overloaded, try again later: {0}")]
     Overloaded(String),
@@ -119,13 +128,35 @@ impl ClientError {
     }
 
     /// The typed refusal code of a refused or overloaded request (a configured bound, a full
-    /// disk), when the broker gave one.
-    pub fn refusal(&self) -> Option<crate::rpc::refusal::Code> {
+    /// disk, a bad message), when the broker gave one: from the results' field, or from the
+    /// start of an exception's text.
+    pub fn refusal(&self) -> Option<RefusalCode> {
         match self {
+            ClientError::Rejected(refusal) => Some(refusal.code),
             ClientError::Refused(text) | ClientError::Overloaded(text) => {
                 crate::rpc::refusal::code_of(text)
             }
             _ => None,
+        }
+    }
+
+    /// The index of the message a typed refusal names (`None`: the call as a whole, or no
+    /// typed refusal).
+    pub fn refused_index(&self) -> Option<u32> {
+        match self {
+            ClientError::Rejected(refusal) => refusal.index,
+            _ => None,
+        }
+    }
+
+    /// The refusal a reply's `refusal` field carries, as the error to return.
+    fn rejected(
+        present: bool,
+        reader: rpc::pinq_capnp::refusal::Reader<'_>,
+    ) -> Result<(), ClientError> {
+        match Refusal::read(present, reader).map_err(ClientError::BadReply)? {
+            Some(refusal) => Err(ClientError::Rejected(refusal)),
+            None => Ok(()),
         }
     }
 
@@ -334,28 +365,13 @@ impl Client {
         let disconnector = rpc_system.get_disconnector();
         let rpc_task = glommio::spawn_local(rpc_system);
 
-        let mut request = broker.hello_request();
-        request.get().set_client_version(PROTOCOL_VERSION);
-        if let Some(token) = &options.security.token {
-            request.get().set_token(token.secret());
-        }
-        let reply = request
-            .send()
-            .promise
-            .await
-            .map_err(ClientError::from_rpc)?;
-        let hello = reply.get().map_err(ClientError::bad_reply)?;
-        let server = ServerInfo {
-            protocol_version: hello.get_server_version(),
-            shard_count: hello.get_shard_count(),
-            shard_id: Some(hello.get_shard_id()).filter(|&id| id != ANY_SHARD),
+        let server = match hello(&broker, PROTOCOL_VERSION, options).await {
+            // A broker of protocol 1 only: speak 1, whose refusals are exceptions.
+            Err(e) if e.refusal() == Some(RefusalCode::UnsupportedVersion) => {
+                hello(&broker, PROTOCOL_VERSION_MIN, options).await?
+            }
+            other => other?,
         };
-        if server.protocol_version != PROTOCOL_VERSION {
-            return Err(ClientError::VersionMismatch {
-                server: server.protocol_version,
-                client: PROTOCOL_VERSION,
-            });
-        }
         Ok(Client {
             conn: Rc::new(Connection {
                 broker,
@@ -449,6 +465,8 @@ impl Client {
         Pending::on(&self.conn, async move {
             let reply = reply.await.map_err(ClientError::from_rpc)?;
             let results = reply.get().map_err(ClientError::bad_reply)?;
+            let refusal = results.get_refusal().map_err(ClientError::bad_reply)?;
+            ClientError::rejected(results.has_refusal(), refusal)?;
             if let Some(not_leader) =
                 rpc::cluster::read_not_leader(results.has_not_leader(), results.get_not_leader())
                     .map_err(ClientError::BadReply)?
@@ -540,6 +558,37 @@ impl Client {
             None => Ok(()),
         }
     }
+}
+
+/// The version handshake, asking for `version`; the broker must answer with it.
+async fn hello(
+    broker: &broker::Client,
+    version: u32,
+    options: &ClientOptions,
+) -> Result<ServerInfo, ClientError> {
+    let mut request = broker.hello_request();
+    request.get().set_client_version(version);
+    if let Some(token) = &options.security.token {
+        request.get().set_token(token.secret());
+    }
+    let reply = request
+        .send()
+        .promise
+        .await
+        .map_err(ClientError::from_rpc)?;
+    let hello = reply.get().map_err(ClientError::bad_reply)?;
+    let server = ServerInfo {
+        protocol_version: hello.get_server_version(),
+        shard_count: hello.get_shard_count(),
+        shard_id: Some(hello.get_shard_id()).filter(|&id| id != ANY_SHARD),
+    };
+    if server.protocol_version != version {
+        return Err(ClientError::VersionMismatch {
+            server: server.protocol_version,
+            client: version,
+        });
+    }
+    Ok(server)
 }
 
 /// glommio refuses a zero connect timeout.

@@ -232,6 +232,7 @@ fn is_transient(e: &ClientError) -> bool {
         ClientError::Refused(text) => {
             text.contains("leadership changed") || text.contains("shutting down")
         }
+        ClientError::Rejected(refusal) => refusal.retryable,
         _ => false,
     }
 }

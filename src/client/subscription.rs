@@ -71,16 +71,17 @@ impl fmt::Debug for Subscription {
 }
 
 /// The reply of `ack`, `nack` or `touch` (each its own capnp results type, all with a
-/// `results :List(TagResult)` field) as a [`Pending`] of one result per tag, checked for count.
+/// `results :List(TagResult)` and a `refusal` field) as a [`Pending`] of one result per tag,
+/// checked for count, or the refusal.
 macro_rules! tag_results {
     ($promise:expr, $count:expr) => {{
         let promise = $promise;
         Pending::new(async move {
             let reply = promise.await.map_err(ClientError::from_rpc)?;
-            let results = reply
-                .get()
-                .and_then(|r| r.get_results())
-                .map_err(ClientError::bad_reply)?;
+            let reply = reply.get().map_err(ClientError::bad_reply)?;
+            let refusal = reply.get_refusal().map_err(ClientError::bad_reply)?;
+            ClientError::rejected(reply.has_refusal(), refusal)?;
+            let results = reply.get_results().map_err(ClientError::bad_reply)?;
             checked_results(results, $count)
         })
     }};

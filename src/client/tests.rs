@@ -126,6 +126,12 @@ impl broker::Server for FakeBroker {
                 "clientVersion 0 is not a version".into(),
             ));
         }
+        // A fake of protocol 1 only refuses newer clients, as such a broker does.
+        if self.server_version == 1 && client_version > 1 {
+            return Err(crate::rpc::refusal::Code::UnsupportedVersion.error(format!(
+                "this broker speaks 1, not clientVersion {client_version}"
+            )));
+        }
         let mut reply = results.get();
         reply.set_server_version(self.server_version);
         reply.set_shard_count(1);
@@ -141,8 +147,15 @@ impl broker::Server for FakeBroker {
         let params = params.get()?;
         let _ack = rpc::read_ack_level(params.get_ack_level())?;
         let limits = PublishLimits::from(&PublishConfig::default());
-        // Validate the whole batch before writing anything: batches are atomic.
-        let batch = rpc::read_publish_batch(params.get_messages()?, &limits)?;
+        // Validate the whole batch before writing anything: batches are atomic. A refusal goes
+        // in the results, as protocol 2 has it.
+        let batch = match rpc::read_publish_batch(params.get_messages()?, &limits) {
+            Ok(batch) => batch,
+            Err(e) => {
+                e.refusal()?.write(results.get().init_refusal());
+                return Ok(());
+            }
+        };
         let mut state = self.state.borrow_mut();
         state.publish_batches += 1;
         let mut tags = Vec::with_capacity(batch.len());
@@ -432,6 +445,22 @@ fn a_broker_of_another_protocol_version_is_refused() {
 }
 
 #[test]
+fn a_broker_of_protocol_1_only_is_spoken_to_in_version_1() {
+    run(|| async {
+        let (addr, _) = start_fake_broker(1);
+        let client = within("connect", Client::connect(addr.as_str()))
+            .await
+            .unwrap();
+        assert_eq!(client.server().protocol_version, 1);
+        let tags = client
+            .publish(vec![message("orders", "ok")], AckLevel::Durable)
+            .await
+            .unwrap();
+        assert_eq!(tags.len(), 1);
+    });
+}
+
+#[test]
 fn connecting_to_a_closed_port_fails_with_the_address() {
     run(|| async {
         // Bind and drop a listener to find a port nobody listens on.
@@ -483,11 +512,10 @@ fn a_refused_batch_reports_the_brokers_reason_and_writes_nothing() {
         let client = Client::connect(addr.as_str()).await.unwrap();
         let batch = vec![message("orders", "fine"), message("", "no topic")];
         match within("publish", client.publish(batch, AckLevel::Durable)).await {
-            Err(ClientError::Refused(reason)) => {
-                assert!(
-                    reason.contains("messages[1].topic: topic name is empty"),
-                    "{reason}"
-                )
+            Err(ClientError::Rejected(refusal)) => {
+                assert_eq!(refusal.code, RefusalCode::InvalidTopic);
+                assert_eq!(refusal.index, Some(1));
+                assert_eq!(refusal.message, "messages[1].topic: topic name is empty");
             }
             other => panic!("expected a refusal, got {other:?}"),
         }

@@ -51,5 +51,14 @@ pub mod replication_capnp {
 
 mod wire;
 
-pub use pinq_capnp::{TagResult, ANY_SHARD, CONSUMER_ID_BYTES, PROTOCOL_VERSION, TAG_BYTES};
+pub use pinq_capnp::{
+    TagResult, ANY_SHARD, CONSUMER_ID_BYTES, NO_INDEX, PROTOCOL_VERSION, TAG_BYTES,
+};
+
+/// The oldest protocol version the broker still speaks (`Broker.hello`).
+pub const PROTOCOL_VERSION_MIN: u32 = 1;
+
+/// From this protocol version on, refusals of `publish`, `ack`, `nack` and `touch` come in the
+/// results' `refusal` field; before it, as exceptions (`schema/pinq.capnp`, "Errors").
+pub const REFUSAL_IN_RESULTS_VERSION: u32 = 2;
 pub use wire::*;

@@ -72,6 +72,55 @@ impl WireError {
     }
 }
 
+impl WireError {
+    /// The typed refusal of a request this error refuses, with the offending entry's index;
+    /// `Err` with the exception for a malformed message (not a refusal: the bytes break Cap'n
+    /// Proto itself). The refusal's message is this error's text, as protocol 1 sends it.
+    pub fn refusal(self) -> Result<super::refusal::Refusal, capnp::Error> {
+        let (code, index) = match &self {
+            WireError::Capnp(_) => return Err(self.into_capnp()),
+            other => (other.code(), other.field().and_then(|f| f.index)),
+        };
+        Ok(super::refusal::Refusal::new(code, self.to_string()).at(index))
+    }
+
+    /// The refusal code of a request with this error, from the variant and the field it names
+    /// (the readers of this module name the fields).
+    fn code(&self) -> super::refusal::Code {
+        use super::refusal::Code;
+        let name = self.field().map_or("", |f| f.name);
+        match self {
+            WireError::NotUtf8 { .. } => Code::NotUtf8,
+            WireError::Topic { .. } => Code::InvalidTopic,
+            WireError::Negative { .. } if name == "delayMs" => Code::InvalidDelay,
+            WireError::Negative { .. } if name == "ttlMs" => Code::InvalidTtl,
+            WireError::TooLarge { .. } if name.starts_with("headers") => Code::TooManyHeaders,
+            WireError::TooLong { .. } if name == "producerId" => Code::InvalidProducerId,
+            WireError::TooLong { .. } if name == "payload" => Code::MessageTooLarge,
+            WireError::MessageTooLarge { .. } => Code::MessageTooLarge,
+            WireError::BatchTooLarge { .. } => Code::BatchTooLarge,
+            WireError::UnknownEnumerant { .. } if name == "ackLevel" => Code::InvalidAckLevel,
+            _ => Code::InvalidRequest,
+        }
+    }
+
+    /// The field an error names, if any.
+    fn field(&self) -> Option<Field> {
+        match self {
+            WireError::Capnp(_) | WireError::BatchTooLarge { .. } => None,
+            WireError::NotUtf8 { field }
+            | WireError::Topic { field, .. }
+            | WireError::Tag { field, .. }
+            | WireError::Negative { field, .. }
+            | WireError::TooLarge { field, .. }
+            | WireError::TooLong { field, .. }
+            | WireError::MessageTooLarge { field, .. }
+            | WireError::UnknownEnumerant { field, .. }
+            | WireError::WrongLength { field, .. } => Some(*field),
+        }
+    }
+}
+
 impl From<WireError> for capnp::Error {
     fn from(e: WireError) -> capnp::Error {
         e.into_capnp()

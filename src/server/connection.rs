@@ -18,6 +18,12 @@
 //! first call: every other call before it is refused (`helloRequired`), and with tokens
 //! configured `hello` authenticates the connection, whose token every later call is checked
 //! against (`crate::security::auth`).
+//!
+//! `hello` also fixes the protocol version the connection speaks. A refusal of `publish`, `ack`,
+//! `nack` or `touch` is a [`Refusal`]: on protocol 2 it is written into the call's results
+//! (`refusal`) and the call returns normally; on protocol 1 it becomes the exception it always
+//! was ([`Refusal::into_capnp`], same kind, same text). What is not a refusal of the request (a
+//! malformed message, a failure behind it) stays an exception in both.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -40,9 +46,9 @@ use super::Topology;
 use crate::batch::{PublishError, ShardPart, ValidatedBatch};
 use crate::cluster::view::ClusterView;
 use crate::key::{EventKey, TopicHash};
-use crate::pipeline::{self, ConsumerId, TagResult};
+use crate::pipeline::{self, ConsumerError, ConsumerId, TagResult};
 use crate::rpc::pinq_capnp::{broker, consumer, subscription, TagResult as WireTagResult};
-use crate::rpc::refusal::Code;
+use crate::rpc::refusal::{code_of, Code, Refusal};
 use crate::rpc::{self, OutgoingDelivery, PublishLimits, SettleTags, WireError};
 use crate::security::auth::{Access, Action, AuthReason, Denied};
 use crate::security::stream::{self, Stream};
@@ -303,14 +309,66 @@ struct BrokerImpl {
 }
 
 /// A place among the connection's `server.maxCallsInFlight`, or the refusal (counted).
-fn enter_call(shard: &Shard, conn: &Rc<ConnectionUse>) -> Result<CallSlot, capnp::Error> {
+fn call_slot(shard: &Shard, conn: &Rc<ConnectionUse>) -> Result<CallSlot, Refusal> {
     conn.try_call().ok_or_else(|| {
         shard.refused(Code::TooManyCalls);
-        Code::TooManyCalls.error(format!(
+        Code::TooManyCalls.refusal(format!(
             "this connection has {} calls unanswered, the limit server.maxCallsInFlight",
             conn.limits().calls_in_flight_max
         ))
     })
+}
+
+/// [`call_slot`] for the calls that refuse with exceptions.
+fn enter_call(shard: &Shard, conn: &Rc<ConnectionUse>) -> Result<CallSlot, capnp::Error> {
+    call_slot(shard, conn).map_err(Refusal::into_capnp)
+}
+
+/// Why a call with a `refusal` field did not succeed: a refusal of the request, or a failure
+/// that is not one (a malformed message, a shard gone), which stays an exception.
+enum CallError {
+    Refused(Refusal),
+    Failed(capnp::Error),
+}
+
+impl From<Refusal> for CallError {
+    fn from(refusal: Refusal) -> CallError {
+        CallError::Refused(refusal)
+    }
+}
+
+impl From<capnp::Error> for CallError {
+    fn from(e: capnp::Error) -> CallError {
+        CallError::Failed(e)
+    }
+}
+
+impl From<WireError> for CallError {
+    fn from(e: WireError) -> CallError {
+        match e.refusal() {
+            Ok(refusal) => CallError::Refused(refusal),
+            Err(e) => CallError::Failed(e),
+        }
+    }
+}
+
+/// Answers a call that did not succeed: on protocol 2 a refusal is written by `write` into the
+/// results and the call returns normally; on protocol 1 it is the exception it always was.
+fn answer_refused(
+    conn: &ConnectionUse,
+    e: CallError,
+    write: impl FnOnce(&Refusal),
+) -> Result<(), capnp::Error> {
+    match e {
+        CallError::Refused(refusal)
+            if conn.protocol_version() >= rpc::REFUSAL_IN_RESULTS_VERSION =>
+        {
+            write(&refusal);
+            Ok(())
+        }
+        CallError::Refused(refusal) => Err(refusal.into_capnp()),
+        CallError::Failed(e) => Err(e),
+    }
 }
 
 impl BrokerImpl {
@@ -321,12 +379,17 @@ impl BrokerImpl {
     /// Whether the connection may make a call needing `action` (`None`: any call after a
     /// successful `hello`); the refusal is counted and names what was refused.
     fn admit(&self, action: Option<Action<'_>>) -> Result<(), capnp::Error> {
+        self.admits(action).map_err(Refusal::into_capnp)
+    }
+
+    /// [`BrokerImpl::admit`] with the refusal typed, for the calls with a `refusal` field.
+    fn admits(&self, action: Option<Action<'_>>) -> Result<(), Refusal> {
         let access = self.access.borrow();
         let Some(access) = access.as_ref() else {
             self.shard
                 .auth_refused(Code::HelloRequired, AuthReason::HelloRequired);
             return Err(Code::HelloRequired
-                .error("call Broker.hello first (with the token, if the broker asks for one)"));
+                .refusal("call Broker.hello first (with the token, if the broker asks for one)"));
         };
         match action {
             Some(action) => access
@@ -336,9 +399,9 @@ impl BrokerImpl {
         }
     }
 
-    fn denied(&self, code: Code, denied: Denied) -> capnp::Error {
+    fn denied(&self, code: Code, denied: Denied) -> Refusal {
         self.shard.auth_refused(code, denied.reason);
-        code.error(denied.detail)
+        code.refusal(denied.detail)
     }
 
     /// Takes a publish's bytes from this shard's budget, waiting up to [`limits::PUBLISH_ROOM_WAIT`] for room.
@@ -347,13 +410,13 @@ impl BrokerImpl {
     /// request's memory (the read frame and the archives made from it) is allocated here and
     /// held here until the reply, and one local budget lets a multi-shard batch take its bytes
     /// at once, with no cross-core round trip and no partial reservation across shards.
-    async fn room_for(&self, bytes: usize) -> Result<BytePermit, capnp::Error> {
+    async fn room_for(&self, bytes: usize) -> Result<BytePermit, Refusal> {
         let budget = &self.edge.budget;
         match budget.acquire(bytes, limits::PUBLISH_ROOM_WAIT).await {
             Some(permit) => Ok(permit),
             None => {
                 self.shard.refused(Code::PublishBytesInFlight);
-                Err(Code::PublishBytesInFlight.error(format!(
+                Err(Code::PublishBytesInFlight.refusal(format!(
                     "shard {} holds {} bytes of publishes in flight, the limit publish.maxBytesInFlight ({}); waited {} ms for room for {bytes} bytes",
                     self.shard.id,
                     budget.in_use(),
@@ -447,10 +510,40 @@ fn wire(e: WireError) -> capnp::Error {
 }
 
 /// A refused batch: a wire error keeps its own text (it names the field and index).
-fn publish_refused(e: PublishError) -> capnp::Error {
+fn publish_refused(e: PublishError) -> CallError {
     match e {
-        PublishError::Invalid(e) => e.into_capnp(),
-        other => failed(format!("publish: {other}")),
+        PublishError::Invalid(e) => e.into(),
+        e @ PublishError::AckLevelTooWeak { .. } => {
+            Refusal::new(Code::AckLevelTooLow, format!("publish: {e}")).into()
+        }
+        // The archive could not be made: a failure of the broker, not of the request.
+        e @ PublishError::Encode { .. } => CallError::Failed(failed(format!("publish: {e}"))),
+    }
+}
+
+/// A shard's refusal of its part of a batch (`diskFull` crosses the mesh as text that starts
+/// with the code): typed when it has a code and no shard stored its part, otherwise the
+/// exception it always was (a batch partly stored is not refused).
+fn shard_refused(text: String, nothing_stored: bool) -> CallError {
+    match code_of(&text) {
+        Some(code) if nothing_stored => Refusal::new(code, text).into(),
+        _ => CallError::Failed(failed(text)),
+    }
+}
+
+/// A shard's refusal of a settle call: the consumer is gone there (its subscription ended on a
+/// leader change, or the broker let it go) or the text carries a code; else an exception.
+fn settle_refused(e: Refused) -> CallError {
+    let text = e.to_string();
+    match e {
+        Refused::NotLeader(_) => Refusal::new(Code::SubscriptionClosed, text).into(),
+        Refused::Failed(why) if why == ConsumerError::UnknownConsumer.to_string() => {
+            Refusal::new(Code::SubscriptionClosed, text).into()
+        }
+        Refused::Failed(_) => match code_of(&text) {
+            Some(code) => Refusal::new(code, text).into(),
+            None => CallError::Failed(failed(text)),
+        },
     }
 }
 
@@ -464,66 +557,25 @@ fn to_wire(result: TagResult) -> WireTagResult {
     }
 }
 
-impl broker::Server for BrokerImpl {
-    async fn hello(
-        self: CapRc<Self>,
-        params: broker::HelloParams,
-        mut results: broker::HelloResults,
-    ) -> Result<(), capnp::Error> {
-        let _call = self.enter_call()?;
-        let params = params.get()?;
-        let client_version = params.get_client_version();
-        if !(1..=rpc::PROTOCOL_VERSION).contains(&client_version) {
-            self.shard.refused(Code::UnsupportedVersion);
-            return Err(Code::UnsupportedVersion.error(format!(
-                "hello: this broker speaks protocol versions 1 to {}, not clientVersion {client_version}",
-                rpc::PROTOCOL_VERSION
-            )));
-        }
-        let token = if params.has_token() {
-            params.get_token()?
-        } else {
-            &[]
-        };
-        // A failed hello leaves the connection unauthenticated, whatever an earlier one gave.
-        let access = self.topology.security.tokens.authenticate(token);
-        *self.access.borrow_mut() = access.as_ref().ok().cloned();
-        let access = access.map_err(|denied| self.denied(Code::Unauthenticated, denied))?;
-        if let Some(name) = access.name() {
-            tracing::debug!(
-                shard = self.shard.id,
-                token = name,
-                "connection authenticated"
-            );
-        }
-        let mut reply = results.get();
-        reply.set_server_version(rpc::PROTOCOL_VERSION);
-        reply.set_shard_count(self.shard.count as u32);
-        reply.set_shard_id(if self.own_port {
-            self.shard.id as u32
-        } else {
-            rpc::ANY_SHARD
-        });
-        Ok(())
-    }
-
-    async fn publish(
-        self: CapRc<Self>,
+impl BrokerImpl {
+    /// `Broker.publish` up to its answer: the tags or `notLeader` written, or why not.
+    async fn publish_batch(
+        &self,
         params: broker::PublishParams,
-        mut results: broker::PublishResults,
-    ) -> Result<(), capnp::Error> {
-        let _call = self.enter_call()?;
-        self.admit(None)?;
+        results: &mut broker::PublishResults,
+    ) -> Result<(), CallError> {
+        let _call = call_slot(&self.shard, &self.conn)?;
+        self.admits(None)?;
         let (parts, len, bytes) = {
             let params = params.get()?;
-            let ack = rpc::read_ack_level(params.get_ack_level()).map_err(wire)?;
+            let ack = rpc::read_ack_level(params.get_ack_level())?;
             let limits = PublishLimits::from(&self.topology.publish);
-            let messages =
-                rpc::read_publish_batch(params.get_messages()?, &limits).map_err(wire)?;
-            for message in &messages {
-                self.admit(Some(Action::Publish {
+            let messages = rpc::read_publish_batch(params.get_messages()?, &limits)?;
+            for (index, message) in (0u32..).zip(&messages) {
+                self.admits(Some(Action::Publish {
                     topic: message.topic,
-                }))?;
+                }))
+                .map_err(|refusal| refusal.at(Some(index)))?;
             }
             let parts =
                 ValidatedBatch::split(&messages, ack, &self.topology.publish, self.shard.count)
@@ -538,7 +590,17 @@ impl broker::Server for BrokerImpl {
             return Ok(());
         }
         let _room = self.room_for(bytes).await?;
-        // Every owning shard works on its part at once; the reply waits for all of them.
+        match self.store(parts, len).await? {
+            Stored::Tags(tags) => {
+                rpc::write_tags(results.get().init_tags(tags.len() as u32), &tags)
+            }
+            Stored::NotLeader(hint) => write_not_leader(results.get().init_not_leader(), &hint),
+        }
+        Ok(())
+    }
+
+    /// Sends each part of a batch to its owning shard at once and waits for all of them.
+    async fn store(&self, parts: Vec<ShardPart>, len: usize) -> Result<Stored, CallError> {
         let calls: Vec<_> = parts
             .into_iter()
             .map(|part| {
@@ -573,16 +635,77 @@ impl broker::Server for BrokerImpl {
             }
         }
         match refusal {
-            None => {
-                rpc::write_tags(results.get().init_tags(tags.len() as u32), &tags);
-                Ok(())
-            }
+            None => Ok(Stored::Tags(tags)),
             // Nothing of the batch was stored: the client may go to the leader.
-            Some(Refused::NotLeader(hint)) if stored == 0 => {
-                write_not_leader(results.get().init_not_leader(), &hint);
-                Ok(())
-            }
-            Some(e) => Err(failed(format!("publish: {e}"))),
+            Some(Refused::NotLeader(hint)) if stored == 0 => Ok(Stored::NotLeader(hint)),
+            Some(e) => Err(shard_refused(format!("publish: {e}"), stored == 0)),
+        }
+    }
+}
+
+/// What the owning shards did with a batch.
+enum Stored {
+    Tags(Vec<EventKey>),
+    NotLeader(LeaderHint),
+}
+
+impl broker::Server for BrokerImpl {
+    async fn hello(
+        self: CapRc<Self>,
+        params: broker::HelloParams,
+        mut results: broker::HelloResults,
+    ) -> Result<(), capnp::Error> {
+        let _call = self.enter_call()?;
+        let params = params.get()?;
+        let client_version = params.get_client_version();
+        if !(rpc::PROTOCOL_VERSION_MIN..=rpc::PROTOCOL_VERSION).contains(&client_version) {
+            self.shard.refused(Code::UnsupportedVersion);
+            return Err(Code::UnsupportedVersion.error(format!(
+                "hello: this broker speaks protocol versions {} to {}, not clientVersion {client_version}",
+                rpc::PROTOCOL_VERSION_MIN,
+                rpc::PROTOCOL_VERSION
+            )));
+        }
+        let token = if params.has_token() {
+            params.get_token()?
+        } else {
+            &[]
+        };
+        // A failed hello leaves the connection unauthenticated, whatever an earlier one gave.
+        let access = self.topology.security.tokens.authenticate(token);
+        *self.access.borrow_mut() = access.as_ref().ok().cloned();
+        let access =
+            access.map_err(|denied| self.denied(Code::Unauthenticated, denied).into_capnp())?;
+        // The connection answers in the client's version from now on (its subscriptions too).
+        self.conn.set_protocol_version(client_version);
+        if let Some(name) = access.name() {
+            tracing::debug!(
+                shard = self.shard.id,
+                token = name,
+                "connection authenticated"
+            );
+        }
+        let mut reply = results.get();
+        reply.set_server_version(client_version);
+        reply.set_shard_count(self.shard.count as u32);
+        reply.set_shard_id(if self.own_port {
+            self.shard.id as u32
+        } else {
+            rpc::ANY_SHARD
+        });
+        Ok(())
+    }
+
+    async fn publish(
+        self: CapRc<Self>,
+        params: broker::PublishParams,
+        mut results: broker::PublishResults,
+    ) -> Result<(), capnp::Error> {
+        match self.publish_batch(params, &mut results).await {
+            Ok(()) => Ok(()),
+            Err(e) => answer_refused(&self.conn, e, |refusal| {
+                refusal.write(results.get().init_refusal())
+            }),
         }
     }
 
@@ -875,12 +998,13 @@ impl SubscriptionImpl {
         &self,
         op: SettleOp,
         tags: capnp::data_list::Reader<'_>,
-    ) -> Result<Vec<TagResult>, capnp::Error> {
-        let _call = enter_call(&self.shard, &self.conn)?;
+    ) -> Result<Vec<TagResult>, CallError> {
+        let _call = call_slot(&self.shard, &self.conn)?;
         if self.closed.get() {
-            return Err(failed("subscription is closed"));
+            // The text protocol 1 always had, with no code in it.
+            return Err(Refusal::new(Code::SubscriptionClosed, "subscription is closed").into());
         }
-        let mut tags = SettleTags::read(tags).map_err(wire)?;
+        let mut tags = SettleTags::read(tags)?;
         if tags.keys.is_empty() {
             return Ok(tags.answers(&[], TagResult::Malformed));
         }
@@ -895,7 +1019,7 @@ impl SubscriptionImpl {
                 reply,
             })
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(settle_refused)?;
         let results = tags.answers(&settled, TagResult::Malformed);
         Ok(results)
     }
@@ -928,17 +1052,29 @@ fn write_results(list: capnp::enum_list::Builder<'_, WireTagResult>, results: &[
     rpc::write_tag_results(list, &wire_results);
 }
 
+/// Answers a settle call (each its own capnp results type, all with `results` and `refusal`).
+macro_rules! answer_settle {
+    ($conn:expr, $outcome:expr, $results:expr) => {
+        match $outcome {
+            Ok(outcome) => {
+                write_results($results.get().init_results(outcome.len() as u32), &outcome);
+                Ok(())
+            }
+            Err(e) => answer_refused($conn, e, |refusal| {
+                refusal.write($results.get().init_refusal())
+            }),
+        }
+    };
+}
+
 impl subscription::Server for SubscriptionImpl {
     async fn ack(
         self: CapRc<Self>,
         params: subscription::AckParams,
         mut results: subscription::AckResults,
     ) -> Result<(), capnp::Error> {
-        let outcome = self
-            .settle(SettleOp::Ack, params.get()?.get_tags()?)
-            .await?;
-        write_results(results.get().init_results(outcome.len() as u32), &outcome);
-        Ok(())
+        let outcome = self.settle(SettleOp::Ack, params.get()?.get_tags()?).await;
+        answer_settle!(&self.conn, outcome, results)
     }
 
     async fn nack(
@@ -950,9 +1086,8 @@ impl subscription::Server for SubscriptionImpl {
         let delay_ms = params.get_delay_ms();
         let outcome = self
             .settle(SettleOp::Nack { delay_ms }, params.get_tags()?)
-            .await?;
-        write_results(results.get().init_results(outcome.len() as u32), &outcome);
-        Ok(())
+            .await;
+        answer_settle!(&self.conn, outcome, results)
     }
 
     async fn touch(
@@ -962,9 +1097,8 @@ impl subscription::Server for SubscriptionImpl {
     ) -> Result<(), capnp::Error> {
         let outcome = self
             .settle(SettleOp::Touch, params.get()?.get_tags()?)
-            .await?;
-        write_results(results.get().init_results(outcome.len() as u32), &outcome);
-        Ok(())
+            .await;
+        answer_settle!(&self.conn, outcome, results)
     }
 
     fn close(

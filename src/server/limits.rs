@@ -130,12 +130,15 @@ impl Drop for ConnectionSlot {
 // ---------------------------------------------------------------------------------------------
 // Calls and subscriptions per connection
 
-/// What one connection holds: calls being served and subscriptions open.
+/// What one connection holds: calls being served and subscriptions open; and the protocol
+/// version its `hello` negotiated, which its `Broker` and `Subscription`s answer in.
 #[derive(Debug)]
 pub struct ConnectionUse {
     limits: ClientLimits,
     calls: Cell<usize>,
     subscriptions: Cell<usize>,
+    /// 0 until a `hello` with a version the broker speaks.
+    protocol_version: Cell<u32>,
 }
 
 /// One call being served; dropping it (the call answered or cancelled) frees its place.
@@ -152,7 +155,17 @@ impl ConnectionUse {
             limits,
             calls: Cell::new(0),
             subscriptions: Cell::new(0),
+            protocol_version: Cell::new(0),
         })
+    }
+
+    /// The protocol version the connection speaks (0 before its `hello`).
+    pub fn protocol_version(&self) -> u32 {
+        self.protocol_version.get()
+    }
+
+    pub fn set_protocol_version(&self, version: u32) {
+        self.protocol_version.set(version);
     }
 
     pub fn limits(&self) -> &ClientLimits {

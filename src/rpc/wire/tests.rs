@@ -176,6 +176,83 @@ fn bad_publish_messages_are_refused_with_the_field_and_index_named() {
     assert!(e.extra.contains("messages[0].delayMs"));
 }
 
+fn publish_refusal(
+    request: &Builder<HeapAllocator>,
+    limits: &PublishLimits,
+) -> crate::rpc::refusal::Refusal {
+    let reader = through_bytes(request);
+    let params = reader.get_root::<broker::publish_params::Reader>().unwrap();
+    match read_publish_batch(params.get_messages().unwrap(), limits) {
+        Ok(_) => panic!("batch was accepted"),
+        Err(e) => e.refusal().unwrap(),
+    }
+}
+
+#[test]
+fn each_bad_publish_message_maps_to_its_refusal_code_and_index() {
+    use crate::rpc::refusal::Code;
+    let limits = PublishLimits {
+        message_bytes_max: 16,
+        batch_len_max: 10,
+    };
+    let cases = [
+        (raw_publish(b"t", 0, -1, 0), Code::InvalidDelay),
+        (raw_publish(b"t", 0, 0, -5), Code::InvalidTtl),
+        (raw_publish(b"", 0, 0, 0), Code::InvalidTopic),
+        (raw_publish(&[b'x'; 256], 0, 0, 0), Code::InvalidTopic),
+        (raw_publish(&[0xFF, 0xFE], 0, 0, 0), Code::NotUtf8),
+        (raw_publish(b"t", 17, 0, 0), Code::MessageTooLarge),
+    ];
+    for (request, code) in &cases {
+        let refusal = publish_refusal(request, &limits);
+        assert_eq!((refusal.code, refusal.index), (*code, Some(1)), "{refusal}");
+        assert_eq!(refusal.message, publish_error(request, &limits));
+        assert!(!refusal.retryable);
+    }
+    let small_batches = PublishLimits {
+        batch_len_max: 1,
+        ..limits
+    };
+    let refusal = publish_refusal(&raw_publish(b"t", 0, 0, 0), &small_batches);
+    assert_eq!((refusal.code, refusal.index), (Code::BatchTooLarge, None));
+    let with_headers = WireError::MessageTooLarge {
+        field: Field::at("messages", 4, ""),
+        bytes: 20,
+        max: 16,
+    };
+    let refusal = with_headers.refusal().unwrap();
+    assert_eq!(
+        (refusal.code, refusal.index),
+        (Code::MessageTooLarge, Some(4))
+    );
+    let headers = WireError::TooLarge {
+        field: Field::at("messages", 3, "headers (count)"),
+        value: 300,
+        max: 256,
+    };
+    let refusal = headers.refusal().unwrap();
+    assert_eq!(
+        (refusal.code, refusal.index),
+        (Code::TooManyHeaders, Some(3))
+    );
+    let producer = WireError::TooLong {
+        field: Field::at("messages", 0, "producerId"),
+        len: 300,
+        max: 255,
+    };
+    assert_eq!(producer.refusal().unwrap().code, Code::InvalidProducerId);
+    let ack = read_ack_level(Err(capnp::NotInSchema(9))).unwrap_err();
+    let refusal = ack.refusal().unwrap();
+    assert_eq!((refusal.code, refusal.index), (Code::InvalidAckLevel, None));
+}
+
+#[test]
+fn a_malformed_message_is_not_a_refusal() {
+    let broken = WireError::Capnp(capnp::Error::disconnected("gone".into()));
+    let e = broken.refusal().unwrap_err();
+    assert_eq!(e.kind, capnp::ErrorKind::Disconnected);
+}
+
 #[test]
 fn delays_beyond_the_signed_range_cannot_be_sent() {
     let mut message = Builder::new_default();
