@@ -17,7 +17,6 @@ const SCHEMAS: [(&str, &str); 2] = [
     ("schema/pinq.capnp", "src/rpc/pinq_capnp.rs"),
     ("schema/replication.capnp", "src/rpc/replication_capnp.rs"),
 ];
-const INCLUDE: &str = "schema/include";
 const CHECK_DIR_VAR: &str = "PINQ_CAPNP_CHECK_DIR";
 
 fn main() {
@@ -25,7 +24,6 @@ fn main() {
         println!("cargo:rerun-if-changed={schema}");
         println!("cargo:rerun-if-changed={generated}");
     }
-    println!("cargo:rerun-if-changed={INCLUDE}");
     println!("cargo:rerun-if-env-changed={CHECK_DIR_VAR}");
     if !capnp_installed() {
         // No compiler: the committed copy is used as it is.
@@ -50,11 +48,9 @@ fn regenerate() -> Result<(), Box<dyn std::error::Error>> {
     let mut command = capnpc::CompilerCommand::new();
     command
         .src_prefix("schema")
-        // Only the vendored standard imports: `capnp/stream.capnp` (for `-> stream`) ships in
-        // the Debian `libcapnp-dev` package, not in `capnproto`, and the output must not depend
-        // on what else a machine has installed.
+        // The schemas import nothing: the output must not depend on what else a machine has
+        // installed.
         .no_standard_import()
-        .import_path(INCLUDE)
         .default_parent_module(vec!["rpc".into()])
         .output_path(&out_dir);
     for (schema, _) in SCHEMAS {

@@ -28,10 +28,8 @@ import capnp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA = os.path.join(HERE, "..", "pinq.capnp")
-# The schema needs no import path. `include/` is passed only while it exists: it shipped
-# /capnp/stream.capnp for as long as `Consumer.deliver` was declared `-> stream`.
-INCLUDE = os.path.join(HERE, "..", "include")
-pinq = capnp.load(SCHEMA, imports=[INCLUDE] if os.path.isdir(INCLUDE) else [])
+# The schema imports nothing: no import path is needed.
+pinq = capnp.load(SCHEMA)
 
 
 class Consumer(pinq.Consumer.Server):
