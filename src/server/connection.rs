@@ -938,11 +938,7 @@ impl DeliverStream {
             if self.sink.closed.get() {
                 return;
             }
-            let batch: Vec<pipeline::Delivery> = {
-                let mut queue = self.sink.queue.borrow_mut();
-                let n = queue.len().min(DELIVER_BATCH_MAX);
-                queue.drain(..n).collect()
-            };
+            let batch = self.next_batch();
             if batch.is_empty() {
                 if notify.recv().await.is_none() {
                     return;
@@ -967,6 +963,13 @@ impl DeliverStream {
             drop(batch);
             glommio::spawn_local(self.clone().returned(n, call)).detach();
         }
+    }
+
+    /// Up to [`DELIVER_BATCH_MAX`] deliveries from the sink, oldest first.
+    fn next_batch(&self) -> Vec<pipeline::Delivery> {
+        let mut queue = self.sink.queue.borrow_mut();
+        let n = queue.len().min(DELIVER_BATCH_MAX);
+        queue.drain(..n).collect()
     }
 
     /// Waits for one `deliver` call to return, then gives its `n` deliveries' window back. A
