@@ -602,10 +602,11 @@ impl Hub {
 
     /// How many more copies a recipient's consumers can take now.
     pub fn room(&self, recipient: RecipientId) -> usize {
-        let room_of = |c: &ConsumerId| self.room_of(*c);
         match self.recipients.get(&recipient).map(|r| &r.kind) {
-            Some(RecipientKind::Group { members, .. }) => members.iter().map(room_of).sum(),
-            Some(RecipientKind::Universal { consumer }) => room_of(consumer),
+            Some(RecipientKind::Group { members, .. }) => {
+                members.iter().map(|c| self.room_of(*c)).sum()
+            }
+            Some(RecipientKind::Universal { consumer }) => self.room_of(*consumer),
             None => 0,
         }
     }

@@ -46,7 +46,7 @@ use super::Topology;
 use crate::batch::{PublishError, ShardPart, ValidatedBatch};
 use crate::cluster::view::ClusterView;
 use crate::key::{EventKey, TopicHash};
-use crate::pipeline::{self, ConsumerError, ConsumerId, TagResult};
+use crate::pipeline::{self, ConsumerId, TagResult};
 use crate::rpc::pinq_capnp::{broker, consumer, subscription, TagResult as WireTagResult};
 use crate::rpc::refusal::{code_of, Code, Refusal};
 use crate::rpc::{self, OutgoingDelivery, PublishLimits, SettleTags, WireError};
@@ -536,8 +536,7 @@ fn shard_refused(text: String, nothing_stored: bool) -> CallError {
 fn settle_refused(e: Refused) -> CallError {
     let text = e.to_string();
     match e {
-        Refused::NotLeader(_) => Refusal::new(Code::SubscriptionClosed, text).into(),
-        Refused::Failed(why) if why == ConsumerError::UnknownConsumer.to_string() => {
+        Refused::NotLeader(_) | Refused::ConsumerGone => {
             Refusal::new(Code::SubscriptionClosed, text).into()
         }
         Refused::Failed(_) => match code_of(&text) {

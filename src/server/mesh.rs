@@ -54,6 +54,9 @@ pub enum Refused {
         _ => "no node yet (an election is under way)".to_string(),
     })]
     NotLeader(LeaderHint),
+    /// The consumer is not registered here (any more): its subscription ended.
+    #[error("unknown consumer")]
+    ConsumerGone,
     #[error("{0}")]
     Failed(String),
 }

@@ -449,7 +449,10 @@ impl Shard {
                 self.send_dead_letters();
                 self.dispatcher.kick();
                 self.deleter.kick();
-                let _ = reply.send(result.map_err(|e| Refused::Failed(e.to_string())));
+                let _ = reply.send(result.map_err(|e| match e {
+                    ConsumerError::UnknownConsumer => Refused::ConsumerGone,
+                    other => Refused::Failed(other.to_string()),
+                }));
             }
             Request::Stats { reply } => {
                 let _ = reply.send(Ok(self.core.borrow().stats()));
