@@ -360,6 +360,9 @@ async fn shard_main(
         .detach();
     }
 
+    // The first snapshot before the shard reports itself started: `/healthz` turns 200 as soon
+    // as every shard listens, not a metrics interval later.
+    shard.publish_snapshot(&ops.slots);
     let shared_addr = shared.local_addr().unwrap_or(listen);
     let own_bound = own.local_addr().unwrap_or(own_addr);
     let _ = started.send(Ok(Started {
