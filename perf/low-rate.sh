@@ -15,6 +15,7 @@
 #   perf/low-rate.sh                      all six rows, REPEAT=1, DURATION=10s
 #   ROWS="pinq-durable redis-always" REPEAT=3 perf/low-rate.sh
 #   PINQ_B=/tmp/pinq-new ROWS="pinq-durable" perf/low-rate.sh    A/B: rows of both binaries, interleaved
+#   PINQ_B_ARGS="--ack-group 1ms" perf/low-rate.sh     A/B: the B rows' bench gets these flags too
 #
 # Environment: PINQ, PEERS (binaries), OUT (result directory; default a new
 # perf/results/<date>-<host>-lowrate/), RATE (10000), DURATION, BROKER_CPUS (0), CLIENT_CPUS (1),
@@ -25,6 +26,8 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
 PINQ="${PINQ:-$CARGO_TARGET_DIR/release/pinq}"
 PINQ_B="${PINQ_B:-}"
+PINQ_B_ARGS="${PINQ_B_ARGS:-}"
+[ -n "$PINQ_B_ARGS" ] && [ -z "$PINQ_B" ] && PINQ_B="$PINQ"
 PEERS="${PEERS:-$CARGO_TARGET_DIR/peers/release/pinq-peers}"
 RATE="${RATE:-10000}"
 DURATION="${DURATION:-10s}"
@@ -92,9 +95,11 @@ strace_window() {
     timeout -s INT "$STRACE_SECS" strace -c -f -p "$1" -o "$2" > /dev/null 2>&1 || true
 }
 
-# run_pinq NAME BINARY STORAGE ACK
+# run_pinq NAME BINARY STORAGE ACK [BENCH FLAGS...]
 run_pinq() {
     local name=$1 bin=$2 storage=$3 ack=$4
+    shift 4
+    local extra=("$@")
     rm -rf "$work/data"
     # shellcheck disable=SC2086
     env ${PINQ_ENV:-} RUST_LOG=warn "$bin" serve --cpus "$BROKER_CPUS" --storage "$storage" \
@@ -106,7 +111,7 @@ run_pinq() {
     local before after
     before=$(wal_fsyncs)
     "$bin" bench --server "127.0.0.1:$PINQ_PORT" --broker-pid "$server" "${load[@]}" \
-        --duration "$DURATION" --ack "$ack" "${pinq_pin[@]}" \
+        --duration "$DURATION" --ack "$ack" "${pinq_pin[@]}" ${extra[@]+"${extra[@]}"} \
         --json "$out/$name.json" --out-dir "$out/$name" > /dev/null 2> "$out/$name.log" \
         || echo "pinq $name failed (see $out/$name.log)"
     after=$(wal_fsyncs)
@@ -115,7 +120,7 @@ run_pinq() {
     curl -s "http://127.0.0.1:$METRICS_PORT/metrics" > "$out/$name.metrics" || true
     if [ "$STRACE_SECS" != 0 ]; then
         "$bin" bench --server "127.0.0.1:$PINQ_PORT" "${load[@]}" \
-            --duration "$((STRACE_SECS + 2))s" --ack "$ack" "${pinq_pin[@]}" \
+            --duration "$((STRACE_SECS + 2))s" --ack "$ack" "${pinq_pin[@]}" ${extra[@]+"${extra[@]}"} \
             --out-dir "$work/strace-out" > /dev/null 2>&1 &
         local bench=$!
         sleep 1.5
@@ -152,12 +157,14 @@ run_redis() {
     stop_server
 }
 
+# run_row ROW BINARY NAME [BENCH FLAGS...]
 run_row() {
     local row=$1 bin=$2 name=$3
+    shift 3
     case "$row" in
-        pinq-memory) run_pinq "$name" "$bin" memory durable ;;
-        pinq-leader) run_pinq "$name" "$bin" lsm leader ;;
-        pinq-durable) run_pinq "$name" "$bin" lsm durable ;;
+        pinq-memory) run_pinq "$name" "$bin" memory durable "$@" ;;
+        pinq-leader) run_pinq "$name" "$bin" lsm leader "$@" ;;
+        pinq-durable) run_pinq "$name" "$bin" lsm durable "$@" ;;
         redis-none) run_redis "$name" none ;;
         redis-everysec) run_redis "$name" everysec ;;
         redis-always) run_redis "$name" always ;;
@@ -172,7 +179,8 @@ for r in $(seq 1 "$REPEAT"); do
         run_row "$row" "$PINQ" "$row.$r"
         if [ -n "$PINQ_B" ] && [ "${row#pinq}" != "$row" ]; then
             echo "== $row B (run $r)"
-            run_row "$row" "$PINQ_B" "$row-B.$r"
+            # shellcheck disable=SC2086
+            run_row "$row" "$PINQ_B" "$row-B.$r" $PINQ_B_ARGS
         fi
     done
 done

@@ -25,7 +25,8 @@ use super::plan::{Plan, Stamp};
 use super::report::latency_histogram;
 use super::tracker::{Tally, Tracker};
 use crate::client::{
-    AckLevel, Client, ClientError, Pending, PublishMessage, Router, RouterOptions, Subscription,
+    AckGroup, AckLevel, Client, ClientError, Pending, PublishMessage, Router, RouterOptions,
+    Subscription,
 };
 
 /// How often an idle consumer or the main thread looks at the stop flag and the counts.
@@ -50,6 +51,8 @@ pub struct LoadOptions {
     pub client_cpus: Vec<usize>,
     /// `queue_size` of each subscription (0: the broker's default).
     pub consumer_queue_len: u32,
+    /// Consumers group ACKs into one call per this window (0: one call per delivered batch).
+    pub ack_group: Duration,
     pub ack_level: AckLevel,
     /// How long after sending ends the bench waits for the last deliveries (beyond the longest
     /// delay of the mix).
@@ -403,9 +406,14 @@ async fn client_thread(
     let samples = Rc::new(RefCell::new(Vec::new()));
     let mut tasks = Vec::new();
     for (receiver, sub) in subscriptions {
+        let acks = (!options.ack_group.is_zero())
+            .then(|| sub.ack_group(options.ack_group, CONSUME_BATCH_MAX));
         tasks.push(glommio::spawn_local(consume(
-            sub,
-            receiver,
+            Receiving {
+                sub,
+                receiver,
+                acks,
+            },
             shared.clone(),
             latencies.clone(),
             samples.clone(),
@@ -580,9 +588,24 @@ async fn produce(
 /// An ack or nack call in flight and when it was sent.
 type InFlightSettle = (Pending<Vec<crate::client::TagResult>>, u64);
 
-async fn consume(
+/// One consumer's subscription, its index among the receivers, and its ACK grouping if any.
+struct Receiving {
     sub: Subscription,
     receiver: usize,
+    acks: Option<AckGroup>,
+}
+
+impl Receiving {
+    fn ack(&self, tags: &[crate::client::EventKey]) -> Pending<Vec<crate::client::TagResult>> {
+        match &self.acks {
+            Some(group) => group.ack(tags),
+            None => self.sub.ack(tags),
+        }
+    }
+}
+
+async fn consume(
+    receiving: Receiving,
     shared: Arc<Shared>,
     latencies: Rc<RefCell<Latencies>>,
     samples: Rc<RefCell<Vec<String>>>,
@@ -619,7 +642,7 @@ async fn consume(
             break;
         }
         let batch = future::or(
-            async { Some(sub.recv_batch(CONSUME_BATCH_MAX).await) },
+            async { Some(receiving.sub.recv_batch(CONSUME_BATCH_MAX).await) },
             async {
                 glommio::timer::sleep(POLL_INTERVAL).await;
                 None
@@ -654,7 +677,7 @@ async fn consume(
                     acks.push(d.tag);
                     continue;
                 };
-                if !tracker.record(receiver, stamp.producer, stamp.seq) {
+                if !tracker.record(receiving.receiver, stamp.producer, stamp.seq) {
                     foreign += 1;
                 }
                 if d.attempt <= 1 {
@@ -667,7 +690,7 @@ async fn consume(
                         in_window += 1;
                     }
                     if plan.nacks(stamp.producer, stamp.seq) {
-                        tracker.note_nack(receiver);
+                        tracker.note_nack(receiving.receiver);
                         nacks.push(d.tag);
                         continue;
                     }
@@ -684,12 +707,15 @@ async fn consume(
         if foreign > 0 {
             shared.foreign.fetch_add(foreign, Ordering::Relaxed);
         }
-        if !acks.is_empty() && tx.send((sub.ack(&acks), now)).await.is_err() {
+        if !acks.is_empty() && tx.send((receiving.ack(&acks), now)).await.is_err() {
             break;
         }
-        if !nacks.is_empty() && tx.send((sub.nack(&nacks, 0), now)).await.is_err() {
+        if !nacks.is_empty() && tx.send((receiving.sub.nack(&nacks, 0), now)).await.is_err() {
             break;
         }
+    }
+    if let Some(group) = &receiving.acks {
+        group.flush();
     }
     drop(tx);
     replies.await;

@@ -106,6 +106,10 @@ pub struct BenchArgs {
     /// Deliveries queued per consumer (0: the broker's default).
     #[arg(long, default_value_t = 0)]
     pub consumer_queue: u32,
+    /// Consumers group their ACKs into one call per this window (`Subscription::ack_group`);
+    /// 0: one ack call per delivered batch.
+    #[arg(long, value_parser = parse_duration, default_value = "0", value_name = "DUR")]
+    pub ack_group: Duration,
     /// Acknowledgement level of publishes.
     #[arg(long, value_enum, default_value = "durable")]
     pub ack: AckArg,
@@ -181,6 +185,7 @@ impl BenchArgs {
                     None => Vec::new(),
                 },
                 consumer_queue_len: self.consumer_queue,
+                ack_group: self.ack_group,
                 ack_level: self.ack.into(),
                 drain_timeout: self.drain_timeout,
                 backlog_max: self.backlog_max,

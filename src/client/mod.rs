@@ -11,10 +11,11 @@
 //! the one connection, which is how a producer reaches the broker's throughput (one round trip
 //! per batch is the limit otherwise). [`Publisher`] does that bookkeeping for a fixed window.
 //!
-//! Deliveries arrive as `Consumer.deliver` streaming calls from the broker. A [`Subscription`]
-//! puts them in a bounded local queue and does not return from `deliver` until the whole batch
-//! fits, so a consumer that stops reading stops the broker from sending (its deliveries then go to
-//! other consumers of the group, or wait).
+//! Deliveries arrive as `Consumer.deliver` calls from the broker. A [`Subscription`] puts them
+//! in a bounded local queue and does not return from `deliver` until the whole batch fits, so a
+//! consumer that stops reading stops the broker from sending (its deliveries then go to other
+//! consumers of the group, or wait). [`Subscription::ack`] sends one call per batch of tags;
+//! an [`AckGroup`] collects the ACKs of a short window into one call.
 //!
 //! Dropping the last handle of a connection (the [`Client`] and every [`Subscription`] made from
 //! it) closes the connection at once; replies not awaited by then are abandoned, and the broker
@@ -26,6 +27,7 @@
 //! [`ClientError::Rejected`]. Against a broker that speaks only protocol 1 it falls back to 1,
 //! and reads the same refusals from the exceptions' text ([`ClientError::refusal`]).
 
+mod ack_group;
 mod policy;
 mod publisher;
 mod router;
@@ -49,6 +51,7 @@ use capnp_rpc::{twoparty, RpcSystem};
 use futures_lite::io::{BufReader, BufWriter};
 use glommio::net::TcpStream;
 
+pub use self::ack_group::{AckGroup, ACK_GROUP_TAGS_MAX};
 pub use self::policy::GroupPolicy;
 pub use self::publisher::Publisher;
 pub use self::router::{Router, RouterOptions};

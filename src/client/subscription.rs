@@ -6,7 +6,7 @@ use std::fmt;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use uuid::Uuid;
 
-use super::{Client, ClientError, Delivery, EventKey, Pending, TagResult, WireError};
+use super::{AckGroup, Client, ClientError, Delivery, EventKey, Pending, TagResult, WireError};
 use crate::rpc::pinq_capnp::{consumer, subscription};
 use crate::rpc::{self, Field};
 
@@ -227,12 +227,15 @@ impl Subscription {
 
     /// Acknowledges delivered messages; one result per tag, in order.
     pub fn ack(&self, tags: &[EventKey]) -> Pending<Vec<TagResult>> {
-        let mut request = self.capability.ack_request();
-        let Some(count) = tag_count(tags) else {
-            return too_many_tags(tags);
-        };
-        rpc::write_tags(request.get().init_tags(count), tags);
-        tag_results!(request.send().promise, count)
+        ack_call(&self.capability, tags)
+    }
+
+    /// ACKs of this subscription grouped into one call per `window` (or per `max_tags` tags,
+    /// 0 meaning [`ACK_GROUP_TAGS_MAX`](super::ACK_GROUP_TAGS_MAX)): fewer round trips for a
+    /// consumer that settles messages one by one, at the price of ACKs reaching the broker up
+    /// to `window` later. See [`AckGroup`].
+    pub fn ack_group(&self, window: std::time::Duration, max_tags: usize) -> AckGroup {
+        AckGroup::new(self.capability.clone(), window, max_tags)
     }
 
     /// Hands delivered messages back for redelivery after `delay_ms` (0: at once).
@@ -267,6 +270,19 @@ impl Subscription {
             .map_err(ClientError::from_rpc)?;
         Ok(())
     }
+}
+
+/// One `ack` call for `tags` on `capability`.
+pub(super) fn ack_call(
+    capability: &subscription::Client,
+    tags: &[EventKey],
+) -> Pending<Vec<TagResult>> {
+    let mut request = capability.ack_request();
+    let Some(count) = tag_count(tags) else {
+        return too_many_tags(tags);
+    };
+    rpc::write_tags(request.get().init_tags(count), tags);
+    tag_results!(request.send().promise, count)
 }
 
 fn tag_count(tags: &[EventKey]) -> Option<u32> {

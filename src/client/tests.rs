@@ -37,6 +37,7 @@ struct BrokerState {
     /// Subscriptions whose capability was released by the client.
     disconnects: usize,
     publish_batches: usize,
+    ack_calls: usize,
 }
 
 struct FakeBroker {
@@ -302,6 +303,7 @@ impl subscription::Server for SubscriptionHandle {
     ) -> Result<(), capnp::Error> {
         let tags = params.get()?.get_tags()?;
         let state = self.sub.state.clone();
+        state.borrow_mut().ack_calls += 1;
         let outcome = self.settle(tags, |tag, _, _| {
             state.borrow_mut().acked.insert(tag);
             true
@@ -598,6 +600,49 @@ fn subscribe_receives_published_messages_and_acks_each_once() {
         let stats = client.stats().await.unwrap();
         assert_eq!(stats.shards[0].acked, 3);
         within("close", sub.close()).await.unwrap();
+    });
+}
+
+#[test]
+fn grouped_acks_leave_in_one_call_and_each_caller_gets_its_own_results() {
+    run(|| async {
+        let (addr, state) = start_fake_broker(crate::rpc::PROTOCOL_VERSION);
+        let client = Client::connect(addr.as_str()).await.unwrap();
+        let sub = within("subscribe", client.subscribe("orders", "g", 16))
+            .await
+            .unwrap();
+        let batch: Vec<_> = ["a", "b", "c", "d", "e", "f"]
+            .iter()
+            .map(|p| message("orders", p))
+            .collect();
+        let published = client.publish(batch, AckLevel::Leader).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < 6 {
+            got.extend(within("deliveries", sub.recv_batch(8)).await.unwrap());
+        }
+        let t: Vec<EventKey> = got.iter().map(|d| d.tag).collect();
+
+        // Three callers inside one window: one call, each answered with its own slice.
+        let group = sub.ack_group(Duration::from_millis(50), 0);
+        let first = group.ack(&t[..1]);
+        let second = group.ack(&t[1..3]);
+        let third = group.ack(&[t[3], published[0]]);
+        assert_eq!(within("first", first).await.unwrap(), vec![TagResult::Ok]);
+        assert_eq!(within("second", second).await.unwrap(), vec![TagResult::Ok; 2]);
+        assert_eq!(
+            within("third", third).await.unwrap(),
+            vec![TagResult::Ok, TagResult::AlreadyAcked]
+        );
+        assert_eq!(state.borrow().ack_calls, 1);
+
+        // Reaching max_tags sends at once: an hour's window is never waited for.
+        let group = sub.ack_group(Duration::from_secs(3600), 2);
+        let fourth = group.ack(&t[4..5]);
+        let fifth = group.ack(&t[5..6]);
+        assert_eq!(within("fourth", fourth).await.unwrap(), vec![TagResult::Ok]);
+        assert_eq!(within("fifth", fifth).await.unwrap(), vec![TagResult::Ok]);
+        assert_eq!(state.borrow().ack_calls, 2);
+        assert_eq!(client.stats().await.unwrap().shards[0].acked, 6);
     });
 }
 
