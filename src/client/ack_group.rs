@@ -216,7 +216,10 @@ mod tests {
             share_error(&e, &waiter(6, 2)).refusal(),
             Some(Code::SubscriptionClosed)
         );
-        assert_eq!(share_error(&refused_at(None), &waiter(0, 9)).refused_index(), None);
+        assert_eq!(
+            share_error(&refused_at(None), &waiter(0, 9)).refused_index(),
+            None
+        );
     }
 
     #[test]

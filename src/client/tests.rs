@@ -628,7 +628,10 @@ fn grouped_acks_leave_in_one_call_and_each_caller_gets_its_own_results() {
         let second = group.ack(&t[1..3]);
         let third = group.ack(&[t[3], published[0]]);
         assert_eq!(within("first", first).await.unwrap(), vec![TagResult::Ok]);
-        assert_eq!(within("second", second).await.unwrap(), vec![TagResult::Ok; 2]);
+        assert_eq!(
+            within("second", second).await.unwrap(),
+            vec![TagResult::Ok; 2]
+        );
         assert_eq!(
             within("third", third).await.unwrap(),
             vec![TagResult::Ok, TagResult::AlreadyAcked]
