@@ -637,6 +637,13 @@ fn follower_restarted_after_log_compaction_catches_up_by_snapshot() {
     let leader = cluster.wait_for_leader(SHARD, &cluster.ids(), FIRST_ELECTION_TIMEOUT);
     let follower = cluster.ids().into_iter().find(|&id| id != leader).unwrap();
     cluster.kill9(follower);
+    // A group policy the follower can only learn from the snapshot: its log entry is
+    // compacted away with the publishes after it.
+    let (code, out, err) = group_policy(
+        &cluster.addr(leader),
+        &["--max-deliveries", "3", "--backoff", "200ms:2s"],
+    );
+    assert_eq!(code, 0, "pinq group policy on the leader:\n{out}\n{err}");
     // Several publish commands, so several entries, each batch several memtables' worth.
     let filler = "x".repeat(1000);
     for round in 0..5 {
@@ -703,6 +710,29 @@ fn follower_restarted_after_log_compaction_catches_up_by_snapshot() {
         10_001,
         "every message published around the snapshot is delivered"
     );
+    // And the group policy came with the snapshot: the new leader reads it back.
+    let (code, out, err) = group_policy(&cluster.addr(follower), &[]);
+    assert_eq!(code, 0, "pinq group policy on the new leader:\n{out}\n{err}");
+    assert!(
+        out.contains("maxDeliveries: 3") && out.contains("backoff: 200ms:2000ms"),
+        "the policy set before the snapshot holds on the node that installed it:\n{out}"
+    );
+}
+
+/// `pinq group policy` for group `g` of topic `compacted` on `addr`, with `flags` (none: read).
+fn group_policy(addr: &str, flags: &[&str]) -> (i32, String, String) {
+    let mut args = vec![
+        "group",
+        "policy",
+        "--server",
+        addr,
+        "--topic",
+        "compacted",
+        "--group",
+        "g",
+    ];
+    args.extend_from_slice(flags);
+    cli_within(&args, None, CLI_LIMIT)
 }
 
 #[test]

@@ -409,6 +409,14 @@ impl ReplicatedStore {
                     crate::log::sequences::SequenceEntry::from_value(v.as_bytes()).ok()
                 })
                 .collect();
+            // Group policies too: a follower that leads later dead-letters and backs off as
+            // this leader does. Each is its own command, as the log applied it.
+            let policies: Vec<Command> = rows
+                .iter()
+                .filter(|(k, _)| Command::is_policy_key(k))
+                .filter_map(|(_, v)| Command::decode(v.as_bytes()).ok())
+                .filter(|c| matches!(c, Command::GroupPolicy { .. }))
+                .collect();
             let messages = rows
                 .into_iter()
                 .filter_map(|(k, v)| crate::key::EventKey::parse(&k).ok().map(|k| (k, v)))
@@ -428,6 +436,9 @@ impl ReplicatedStore {
                 }
             };
             writer.push(&command).map_err(|e| e.to_string())?;
+            for policy in &policies {
+                writer.push(policy).map_err(|e| e.to_string())?;
+            }
             if !full {
                 break;
             }
@@ -478,6 +489,7 @@ impl ReplicatedStore {
             }
             self.apply_one(index, &Command::Delete { keys }).await?;
         }
+        self.forget_sequences(index).await?;
         for command in &commands {
             self.apply_one(index, command).await?;
         }
@@ -494,6 +506,40 @@ impl ReplicatedStore {
             .set(self.snapshots_installed.get() + 1);
         tracing::info!(dir = %self.engine.dir().display(), index, commands = commands.len(), "installed a snapshot from the leader");
         Ok(())
+    }
+
+    /// Drops every idempotent-publish entry this follower held before a snapshot: the
+    /// snapshot brings the leader's, and one the leader has forgotten since must not outlive
+    /// it here. (Group policies need no such step: they are only ever overwritten, and the
+    /// snapshot carries each one the leader holds.)
+    async fn forget_sequences(&self, index: u64) -> Result<(), StoreError> {
+        let (mut start, end) = crate::log::sequences::sequence_key_range();
+        loop {
+            let rows = self
+                .engine
+                .scan(&start, Some(&end), SNAPSHOT_PAGE_KEYS)
+                .await?;
+            let Some((last, _)) = rows.last() else {
+                return Ok(());
+            };
+            start = last.clone();
+            start.push(0);
+            let full = rows.len() == SNAPSHOT_PAGE_KEYS;
+            let forget = rows
+                .iter()
+                .filter_map(|(k, _)| k.get(8..16)?.try_into().ok().map(u64::from_be_bytes))
+                .collect();
+            let command = Command::StoreSequenced {
+                messages: Vec::new(),
+                event_id_high_water: self.engine.event_id_high_water(),
+                remember: Vec::new(),
+                forget,
+            };
+            self.apply_one(index, &command).await?;
+            if !full {
+                return Ok(());
+            }
+        }
     }
 
     /// Applies one command to the engine after its admission (the bound on frozen memtables);

@@ -1,7 +1,9 @@
 //! The data of a shard's Raft snapshot: its state machine as commands (pure codec).
 //!
 //! A snapshot carries every live message of the shard as `Store` commands (and the event-id
-//! high-water mark in them). The leader builds it by scanning its engine page by page while it
+//! high-water mark in them), its idempotent-publish entries in `StoreSequenced` commands, and
+//! each group policy as the `GroupPolicy` command the log applied. A follower drops its own
+//! messages and publish entries before it applies them. The leader builds it by scanning its engine page by page while it
 //! keeps applying, so the pages may show effects of entries after the snapshot's index; that
 //! is sound because every command is idempotent per key (a key is stored once, with one value,
 //! and a delete is final), and the follower replays the entries after the index anyway.

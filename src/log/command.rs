@@ -179,6 +179,11 @@ impl Command {
         key
     }
 
+    /// Whether a store key is a group policy's.
+    pub fn is_policy_key(key: &[u8]) -> bool {
+        key.len() == 24 && key[0..8] == POLICY_KEY_PREFIX.to_be_bytes()
+    }
+
     /// The key range holding every group policy: `[start, end)`.
     pub fn policy_key_range() -> (Key, Key) {
         let bound = |prefix: u64| Key::from_slice(&prefix.to_be_bytes());
@@ -668,6 +673,8 @@ mod tests {
     #[test]
     fn policy_keys_are_never_event_keys_and_sit_in_their_range() {
         let key = Command::policy_key("jobs", "workers");
+        assert!(Command::is_policy_key(&key));
+        assert!(!Command::is_policy_key(&crate::log::sequences::sequence_key(7)));
         assert!(EventKey::parse(&key).is_err());
         let (start, end) = Command::policy_key_range();
         assert!(key >= start && key < end);
