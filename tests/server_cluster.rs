@@ -712,7 +712,10 @@ fn follower_restarted_after_log_compaction_catches_up_by_snapshot() {
     );
     // And the group policy came with the snapshot: the new leader reads it back.
     let (code, out, err) = group_policy(&cluster.addr(follower), &[]);
-    assert_eq!(code, 0, "pinq group policy on the new leader:\n{out}\n{err}");
+    assert_eq!(
+        code, 0,
+        "pinq group policy on the new leader:\n{out}\n{err}"
+    );
     assert!(
         out.contains("maxDeliveries: 3") && out.contains("backoff: 200ms:2000ms"),
         "the policy set before the snapshot holds on the node that installed it:\n{out}"

@@ -674,7 +674,9 @@ mod tests {
     fn policy_keys_are_never_event_keys_and_sit_in_their_range() {
         let key = Command::policy_key("jobs", "workers");
         assert!(Command::is_policy_key(&key));
-        assert!(!Command::is_policy_key(&crate::log::sequences::sequence_key(7)));
+        assert!(!Command::is_policy_key(
+            &crate::log::sequences::sequence_key(7)
+        ));
         assert!(EventKey::parse(&key).is_err());
         let (start, end) = Command::policy_key_range();
         assert!(key >= start && key < end);
