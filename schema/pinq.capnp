@@ -166,11 +166,13 @@ interface Broker {
                      setMaxDeliveries :Bool, maxDeliveries :UInt32,
                      setDeadLetterTopic :Bool, deadLetterTopic :Text,
                      setBackoff :Bool, backoffInitialMs :UInt64, backoffMaxMs :UInt64)
-      -> (policy :GroupPolicy);
+      -> (policy :GroupPolicy, notLeader :NotLeader);
   # Admin: overrides the `[delivery]` redelivery defaults for one consumer group of a topic,
   # durably (a command in the shard's log; it survives restarts and replicates). Only the fields
   # whose `set...` flag is true change; with no flag set the call only reads the policy. The
-  # group need not exist yet. Answers the policy now in force (defaults with overrides).
+  # group need not exist yet. Answers the policy now in force (defaults with overrides). In a
+  # cluster only the leader of the topic's shard writes or reads it: if `notLeader` is set,
+  # nothing was done and `policy` is null; call `notLeader.leaderAddress` instead.
   # `maxDeliveries`: deliveries of one copy before it goes to the dead-letter topic; 0 =
   # unlimited. `deadLetterTopic`: where its dead letters go, `{topic}` standing for `topic`;
   # empty with `setDeadLetterTopic` = back to the default. Backoff: `backoffInitialMs` 0 =

@@ -559,18 +559,44 @@ fn followers_answer_not_leader_with_the_leaders_address_and_the_cli_follows() {
         "consumed through follower {follower}"
     );
 
+    // So does `pinq group policy`: set through a follower, read back on the leader.
+    let (code, out, err) = group_policy(
+        &cluster.addr(follower),
+        "follow",
+        &["--max-deliveries", "4"],
+    );
+    assert_eq!(
+        code, 0,
+        "pinq group policy through follower {follower}:\n{out}\n{err}"
+    );
+    assert!(out.contains("maxDeliveries: 4"), "{out}");
+    let (code, out, err) = group_policy(&cluster.addr(leader), "follow", &[]);
+    assert_eq!(code, 0, "pinq group policy on the leader:\n{out}\n{err}");
+    assert!(
+        out.contains("maxDeliveries: 4"),
+        "set through a follower, in force on the leader:\n{out}"
+    );
+
     let leader_addr = cluster.addr(leader);
     for follower in cluster.ids().into_iter().filter(|&id| id != leader) {
         let addr = cluster.addr(follower);
-        let (published, subscribed) = on_executor(move || async move {
+        let (published, subscribed, policy) = on_executor(move || async move {
             let client = Client::connect(addr.as_str()).await.expect("connect");
             let published = client
                 .publish([PublishMessage::new("follow", "direct")], AckLevel::Durable)
                 .await;
             let subscribed = client.subscribe("follow", "g", 0).await.map(|_| ());
-            (published.map(|_| ()), subscribed)
+            let policy = client
+                .set_group_policy("follow", "g", &Default::default())
+                .await
+                .map(|_| ());
+            (published.map(|_| ()), subscribed, policy)
         });
-        for (what, answer) in [("publish", published), ("subscribe", subscribed)] {
+        for (what, answer) in [
+            ("publish", published),
+            ("subscribe", subscribed),
+            ("setGroupPolicy", policy),
+        ] {
             match answer {
                 Err(ClientError::NotLeader(not_leader)) => {
                     assert_eq!(not_leader.shard_id, SHARD, "{what} on node {follower}");
@@ -641,6 +667,7 @@ fn follower_restarted_after_log_compaction_catches_up_by_snapshot() {
     // compacted away with the publishes after it.
     let (code, out, err) = group_policy(
         &cluster.addr(leader),
+        "compacted",
         &["--max-deliveries", "3", "--backoff", "200ms:2s"],
     );
     assert_eq!(code, 0, "pinq group policy on the leader:\n{out}\n{err}");
@@ -711,7 +738,7 @@ fn follower_restarted_after_log_compaction_catches_up_by_snapshot() {
         "every message published around the snapshot is delivered"
     );
     // And the group policy came with the snapshot: the new leader reads it back.
-    let (code, out, err) = group_policy(&cluster.addr(follower), &[]);
+    let (code, out, err) = group_policy(&cluster.addr(follower), "compacted", &[]);
     assert_eq!(
         code, 0,
         "pinq group policy on the new leader:\n{out}\n{err}"
@@ -722,17 +749,10 @@ fn follower_restarted_after_log_compaction_catches_up_by_snapshot() {
     );
 }
 
-/// `pinq group policy` for group `g` of topic `compacted` on `addr`, with `flags` (none: read).
-fn group_policy(addr: &str, flags: &[&str]) -> (i32, String, String) {
+/// `pinq group policy` for group `g` of `topic` on `addr`, with `flags` (none: read).
+fn group_policy(addr: &str, topic: &str, flags: &[&str]) -> (i32, String, String) {
     let mut args = vec![
-        "group",
-        "policy",
-        "--server",
-        addr,
-        "--topic",
-        "compacted",
-        "--group",
-        "g",
+        "group", "policy", "--server", addr, "--topic", topic, "--group", "g",
     ];
     args.extend_from_slice(flags);
     cli_within(&args, None, CLI_LIMIT)

@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 
 use super::client_cmds::block_on;
 use super::UsageError;
-use crate::client::Client;
+use crate::client::Router;
 use crate::pipeline::policy::{Backoff, PolicyOverride};
 
 #[derive(Debug, Subcommand)]
@@ -76,13 +76,13 @@ pub fn run(command: GroupCommand) -> anyhow::Result<()> {
 
 fn policy(args: PolicyArgs) -> anyhow::Result<()> {
     let change = args.change()?;
-    let options = args.connect.client_options()?;
+    let options = args.connect.router_options()?;
     block_on("pinq-group", move || {
         Box::pin(async move {
-            let client = Client::connect_with(args.server.as_str(), &options)
+            let router = Router::connect(args.server.as_str(), options)
                 .await
                 .with_context(|| format!("connecting to {}", args.server))?;
-            let policy = client
+            let policy = router
                 .set_group_policy(&args.topic, &args.group, &change)
                 .await
                 .context("setGroupPolicy")?;

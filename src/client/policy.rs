@@ -3,6 +3,7 @@
 
 use super::{Client, ClientError, Pending};
 use crate::pipeline::policy::{Backoff, PolicyOverride};
+use crate::rpc;
 
 /// The redelivery policy in force for a group, as the broker answered it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,8 +20,8 @@ impl Client {
     /// Sets the overrides `change` names for `topic`'s `group` (the rest stay as they are) and
     /// answers the policy now in force. An empty `change` only reads the policy. A dead-letter
     /// topic of `""` goes back to the broker's default; `backoff: Some(None)` switches backoff
-    /// off for the group. Goes to the topic's shard (in a cluster, its leader: a
-    /// [`ClientError::NotLeader`]-style refusal otherwise).
+    /// off for the group. Goes to the topic's shard; in a cluster a node that does not lead it
+    /// answers [`ClientError::NotLeader`] ([`Router::set_group_policy`](super::Router) follows it).
     pub fn set_group_policy(
         &self,
         topic: &str,
@@ -51,7 +52,14 @@ impl Client {
         Pending::on(&self.conn, async move {
             let reply = reply.await.map_err(ClientError::from_rpc)?;
             let bad = |e: capnp::Error| ClientError::Disconnected(e.to_string());
-            let policy = reply.get().map_err(bad)?.get_policy().map_err(bad)?;
+            let reply = reply.get().map_err(bad)?;
+            if let Some(not_leader) =
+                rpc::cluster::read_not_leader(reply.has_not_leader(), reply.get_not_leader())
+                    .map_err(ClientError::BadReply)?
+            {
+                return Err(ClientError::NotLeader(not_leader));
+            }
+            let policy = reply.get_policy().map_err(bad)?;
             let (initial, max) = (policy.get_backoff_initial_ms(), policy.get_backoff_max_ms());
             Ok(GroupPolicy {
                 max_deliveries: policy.get_max_deliveries(),

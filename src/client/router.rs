@@ -158,6 +158,21 @@ impl Router {
         .await
     }
 
+    /// Sets (or, with an empty `change`, reads) a group's policy on the leader of the topic's
+    /// shard. Retrying is safe: the same overrides applied twice leave the same policy.
+    pub async fn set_group_policy(
+        &self,
+        topic: &str,
+        group: &str,
+        change: &crate::pipeline::policy::PolicyOverride,
+    ) -> Result<super::GroupPolicy, ClientError> {
+        let shard = self.shard_of(topic);
+        self.retry(shard, |client| {
+            client.set_group_policy(topic, group, change)
+        })
+        .await
+    }
+
     /// Runs `call` against `shard`'s leader, following `NotLeader` answers and skipping dead
     /// or paused nodes, for at most `patience`.
     async fn retry<T, F, Fut>(&self, shard: u32, call: F) -> Result<T, ClientError>

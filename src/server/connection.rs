@@ -445,7 +445,10 @@ impl BrokerImpl {
     }
 }
 
-fn write_not_leader(builder: crate::rpc::pinq_capnp::not_leader::Builder<'_>, hint: &LeaderHint) {
+pub(super) fn write_not_leader(
+    builder: crate::rpc::pinq_capnp::not_leader::Builder<'_>,
+    hint: &LeaderHint,
+) {
     rpc::cluster::write_not_leader(
         builder,
         &rpc::cluster::NotLeader {

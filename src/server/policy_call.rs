@@ -1,10 +1,10 @@
 //! The `setGroupPolicy` admin call on the server side: reads and checks the request, routes it
 //! to the topic's owning shard (which writes the policy command and answers the policy in
-//! force), and writes the answer. Kept apart from `connection.rs`, which only delegates here.
+//! force), and writes the answer, or where the shard's leader is when this node does not lead it. Kept apart from `connection.rs`, which only delegates here.
 
 use std::rc::Rc;
 
-use super::mesh::Request;
+use super::mesh::{Refused, Request};
 use super::shard::Shard;
 use crate::key::TopicHash;
 use crate::pipeline::policy::{Backoff, Policy, PolicyOverride};
@@ -21,15 +21,22 @@ pub async fn set_group_policy(
     let (topic, group, policy) =
         read(params).map_err(|e| failed(format!("setGroupPolicy: {e}")))?;
     let owner = TopicHash::of(&topic).shard(shard.count);
-    let policy: Policy = shard
+    let answer = shard
         .call(owner, |reply| Request::SetGroupPolicy {
             topic: topic.clone(),
             group,
             policy,
             reply,
         })
-        .await
-        .map_err(|e| failed(format!("setGroupPolicy: {e}")))?;
+        .await;
+    let policy: Policy = match answer {
+        Ok(policy) => policy,
+        Err(Refused::NotLeader(hint)) => {
+            super::connection::write_not_leader(results.get().init_not_leader(), &hint);
+            return Ok(());
+        }
+        Err(e) => return Err(failed(format!("setGroupPolicy: {e}"))),
+    };
     let mut out = results.get().init_policy();
     out.set_max_deliveries(policy.max_deliveries);
     out.set_dead_letter_topic(policy.dead_letter_topic_of(&topic).as_str());
