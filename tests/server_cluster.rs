@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use pinq::client::{AckLevel, Client, ClientError, ClientOptions, PublishMessage};
+use pinq::client::{AckLevel, Client, ClientError, ClientOptions, PublishMessage, RefusalCode};
 use support::cluster::{free_port, Cluster};
 use support::{cli_within, http_get, on_executor, sample, try_cli_within};
 
@@ -797,4 +797,65 @@ fn a_leader_stopped_by_sigterm_hands_over_without_an_election_timeout() {
         Duration::from_secs(20),
     );
     assert_delivery(&rest, &unacked, &acked);
+}
+
+#[test]
+fn a_subscription_on_a_leader_that_steps_down_ends_and_its_acks_are_refused_typed() {
+    let _serial = serial();
+    let cluster = Cluster::start(3, ENV);
+    let leader = cluster.wait_for_leader(SHARD, &cluster.ids(), FIRST_ELECTION_TIMEOUT);
+    let pid = cluster.server(leader).pid();
+    let addr = cluster.addr(leader);
+    let signal = move |name: &str| {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {pid}");
+    };
+    let (ended, acked) = on_executor(move || async move {
+        let client = Client::connect(addr.as_str()).await.expect("connect");
+        client
+            .publish([PublishMessage::new("closed", "held")], AckLevel::Durable)
+            .await
+            .expect("publish on the leader");
+        let sub = client.subscribe("closed", "g", 0).await.expect("subscribe");
+        let held = within(Duration::from_secs(10), sub.recv())
+            .await
+            .expect("a delivery within 10 s")
+            .expect("the delivery");
+        // Paused long enough for the others to elect a leader; resumed, it hears the newer
+        // term, steps down and ends its consumers' subscriptions.
+        signal("STOP");
+        glommio::timer::sleep(PAUSE).await;
+        signal("CONT");
+        let ended = within(Duration::from_secs(15), sub.recv())
+            .await
+            .expect("the subscription ends within 15 s of SIGCONT");
+        let acked = sub.ack(&[held.tag]).await;
+        (ended.map(|d| d.tag), acked.map(|_| ()))
+    });
+    assert!(
+        matches!(ended, Err(ClientError::SubscriptionEnded { .. })),
+        "recv after the step-down: {ended:?}"
+    );
+    match acked {
+        Err(ClientError::Rejected(refusal)) => {
+            assert_eq!(refusal.code, RefusalCode::SubscriptionClosed, "{refusal}");
+            assert!(!refusal.retryable, "{refusal}");
+        }
+        other => {
+            panic!("an ack on the ended subscription: expected subscriptionClosed, got {other:?}")
+        }
+    }
+}
+
+/// `future`, or `None` when `limit` passes first.
+async fn within<T>(limit: Duration, future: impl std::future::Future<Output = T>) -> Option<T> {
+    futures_lite::future::or(async { Some(future.await) }, async {
+        glommio::timer::sleep(limit).await;
+        None
+    })
+    .await
 }
