@@ -1,7 +1,8 @@
 //! Acknowledgment grouping: ACKs given within a short window leave in one `ack` call. A
 //! consumer that settles one message at a time otherwise pays the broker a call, a reply and a
 //! wake-up per message; grouped, it pays one per window (or per `max_tags` tags, whichever comes
-//! first). Each caller still gets its own [`Pending`] with one result per tag it gave.
+//! first; a group of `max_tags` callers leaves at once too). Each caller still gets its own
+//! [`Pending`] with one result per tag it gave.
 //!
 //! The price is that an ACK reaches the broker up to one window later: a message whose ACK is
 //! still waiting here when the connection drops is redelivered, exactly like one whose ACK was
@@ -43,7 +44,9 @@ struct Open {
 
 /// ACKs of one subscription, grouped for up to `window` or `max_tags` tags. Made by
 /// [`Subscription::ack_group`](super::Subscription::ack_group); every handle must stay on the
-/// executor that made it (it spawns its timers there).
+/// executor that made it (it spawns its timers there). It holds the subscription's capability:
+/// ACKs sent through it after the `Subscription` is dropped still reach the broker if the
+/// connection is open.
 #[derive(Clone)]
 pub struct AckGroup {
     capability: subscription::Client,
@@ -79,7 +82,10 @@ impl AckGroup {
                 len: tags.len(),
                 answer,
             });
-            open.tags.len() >= self.max_tags || self.window.is_zero()
+            // Callers count too: empty ACKs must not pile up waiters for a whole window.
+            open.tags.len() >= self.max_tags
+                || open.waiters.len() >= self.max_tags
+                || self.window.is_zero()
         };
         if full {
             self.flush();
@@ -109,7 +115,7 @@ impl AckGroup {
         if waiters.is_empty() {
             return;
         }
-        let reply = self.send(&tags);
+        let reply = super::subscription::ack_call(&self.capability, &tags);
         glommio::spawn_local(async move { answer(waiters, reply.await) }).detach();
     }
 
@@ -131,10 +137,6 @@ impl AckGroup {
             }
         })
         .detach();
-    }
-
-    fn send(&self, tags: &[EventKey]) -> Pending<Vec<TagResult>> {
-        super::subscription::ack_call(&self.capability, tags)
     }
 }
 

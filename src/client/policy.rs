@@ -51,7 +51,7 @@ impl Client {
         let reply = request.send().promise;
         Pending::on(&self.conn, async move {
             let reply = reply.await.map_err(ClientError::from_rpc)?;
-            let bad = |e: capnp::Error| ClientError::Disconnected(e.to_string());
+            let bad = ClientError::bad_reply;
             let reply = reply.get().map_err(bad)?;
             if let Some(not_leader) =
                 rpc::cluster::read_not_leader(reply.has_not_leader(), reply.get_not_leader())

@@ -646,6 +646,13 @@ fn grouped_acks_leave_in_one_call_and_each_caller_gets_its_own_results() {
         assert_eq!(within("fifth", fifth).await.unwrap(), vec![TagResult::Ok]);
         assert_eq!(state.borrow().ack_calls, 2);
         assert_eq!(client.stats().await.unwrap().shards[0].acked, 6);
+
+        // Callers count against max_tags too: empty ACKs do not wait out the window.
+        let group = sub.ack_group(Duration::from_secs(3600), 2);
+        let (empty, again) = (group.ack(&[]), group.ack(&[]));
+        assert_eq!(within("empty", empty).await.unwrap(), Vec::new());
+        assert_eq!(within("again", again).await.unwrap(), Vec::new());
+        assert_eq!(state.borrow().ack_calls, 3);
     });
 }
 

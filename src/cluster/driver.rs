@@ -527,7 +527,7 @@ impl ReplicatedStore {
             let full = rows.len() == SNAPSHOT_PAGE_KEYS;
             let forget = rows
                 .iter()
-                .filter_map(|(k, _)| k.get(8..16)?.try_into().ok().map(u64::from_be_bytes))
+                .filter_map(|(k, _)| crate::log::sequences::sequence_key_event_id(k))
                 .collect();
             let command = Command::StoreSequenced {
                 messages: Vec::new(),

@@ -63,6 +63,15 @@ pub fn sequence_key_range() -> (Key, Key) {
     (sequence_key(0), Key::from_buf(end))
 }
 
+/// The event id a sequence entry's key names (the inverse of [`sequence_key`]); `None` for a
+/// key that is not a sequence entry's.
+pub fn sequence_key_event_id(key: &[u8]) -> Option<u64> {
+    if !is_sequence_key(key) {
+        return None;
+    }
+    key.get(8..16)?.try_into().ok().map(u64::from_be_bytes)
+}
+
 /// Whether a store key is a sequence entry's.
 pub fn is_sequence_key(key: &[u8]) -> bool {
     key.len() == EVENT_KEY_LEN && key[0..8] == SEQUENCE_KEY_PREFIX.to_be_bytes()
@@ -185,6 +194,7 @@ mod tests {
             let key = sequence_key(id);
             assert!(EventKey::parse(&key).is_err());
             assert!(is_sequence_key(&key));
+            assert_eq!(sequence_key_event_id(&key), Some(id));
             assert!(start <= key && key < end);
         }
         assert!(sequence_key(1) < sequence_key(2));
@@ -192,5 +202,6 @@ mod tests {
             EventKey::new(TopicHash(1), 2, 3).as_bytes()
         ));
         assert!(!is_sequence_key(&end));
+        assert_eq!(sequence_key_event_id(&end), None);
     }
 }

@@ -593,11 +593,15 @@ impl Hub {
         }
     }
 
-    /// The client returned `n` deliveries (its `deliver` call returned): room again.
-    pub fn note_returned(&mut self, consumer: ConsumerId, n: usize) {
-        if let Some(c) = self.consumers.get_mut(&consumer) {
-            c.out = c.out.saturating_sub(n);
-        }
+    /// The client returned `n` deliveries (its `deliver` call returned): room again. Returns
+    /// whether the consumer's window was full before, so copies may be waiting for it.
+    pub fn note_returned(&mut self, consumer: ConsumerId, n: usize) -> bool {
+        let Some(c) = self.consumers.get_mut(&consumer) else {
+            return false;
+        };
+        let was_full = c.queue.len().saturating_add(c.out) >= c.window;
+        c.out = c.out.saturating_sub(n);
+        was_full
     }
 
     /// How many more copies a recipient's consumers can take now.

@@ -542,10 +542,8 @@ fn settle_refused(e: Refused) -> CallError {
         Refused::NotLeader(_) | Refused::ConsumerGone => {
             Refusal::new(Code::SubscriptionClosed, text).into()
         }
-        Refused::Failed(_) => match code_of(&text) {
-            Some(code) => Refusal::new(code, text).into(),
-            None => CallError::Failed(failed(text)),
-        },
+        // A settle changes nothing when it is refused: typed whenever the text has a code.
+        Refused::Failed(_) => shard_refused(text, true),
     }
 }
 

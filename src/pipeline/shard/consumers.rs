@@ -171,11 +171,7 @@ impl ShardCore {
     /// The client returned `n` deliveries of `consumer` (its `deliver` call returned). Returns
     /// whether a dispatch pass should run: the consumer was full, so copies may wait for it.
     pub fn returned(&mut self, consumer: ConsumerId, n: usize) -> bool {
-        let Some(c) = self.hub.consumers.get(&consumer) else {
-            return false;
-        };
-        let was_full = c.queue.len() + c.out >= c.window;
-        self.hub.note_returned(consumer, n);
+        let was_full = self.hub.note_returned(consumer, n);
         if was_full {
             self.wake = true;
         }
