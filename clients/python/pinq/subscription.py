@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from dataclasses import dataclass, field
 
 from ._schema import ACK_LEVELS, method_has_param, schema
 from .errors import ConnectionLost, PinqError, SubscriptionEnded, refusal_from_reply
@@ -51,19 +50,32 @@ def _delay_ms(seconds) -> int:
     return ms
 
 
-@dataclass(eq=False)
 class Delivery:
     """One message delivered to this consumer. Settle it with `ack`, `nack`, or keep it longer
-    with `touch`; otherwise the broker redelivers it after `delivery.inFlightTimeout`."""
+    with `touch`; otherwise the broker redelivers it after `delivery.inFlightTimeout`.
 
-    topic: str
-    payload: bytes
-    tag: bytes
-    attempt: int
-    headers: list  # [(key: str, value: bytes)], in published order; keys may repeat
-    enqueued_at_ms: int
-    delay_ms: int
-    _attachment: "_Attachment" = field(repr=False)
+    `payload` and `tag` are bytes, `attempt` counts deliveries to this recipient (1 first),
+    `headers` is a list of (key: str, value: bytes) in published order (keys may repeat),
+    `enqueued_at_ms` the broker's clock when it was accepted, `delay_ms` its publish delay."""
+
+    # Slots: a consumer makes one per message, and this is its hot path.
+    __slots__ = ("topic", "payload", "tag", "attempt", "headers", "enqueued_at_ms", "delay_ms",
+                 "_attachment")
+
+    def __init__(self, reader, attachment: "_Attachment"):
+        self.topic = reader.topic
+        self.payload = reader.payload
+        self.tag = reader.tag
+        self.attempt = reader.attempt
+        headers = reader.headers
+        self.headers = [(h.key, h.value) for h in headers] if len(headers) else []
+        self.enqueued_at_ms = reader.enqueuedAtMs
+        self.delay_ms = reader.delayMs
+        self._attachment = attachment
+
+    def __repr__(self) -> str:
+        return (f"Delivery(topic={self.topic!r}, payload={self.payload[:32]!r}, "
+                f"attempt={self.attempt}, tag={self.tag.hex()})")
 
     async def ack(self, level: str = "durable") -> str:
         """Acknowledges this copy; returns the broker's `TagResult` name ("ok", or
@@ -91,10 +103,13 @@ class _Consumer(schema.Consumer.Server):
         attachment = self._attachment()
         if attachment is None or attachment.ended.is_set():
             raise ConnectionLost("the subscription was closed by the consumer")
-        batch = [attachment.delivery(d) for d in deliveries]
+        queue = attachment.queue
         # Not returning until the whole batch is queued is the flow control (see module doc).
-        for d in batch:
-            await attachment.queue.put(d)
+        for d in deliveries:
+            if queue.full():
+                await queue.put(attachment.delivery(d))
+            else:
+                queue.put_nowait(attachment.delivery(d))
 
 
 class _AckGroup:
@@ -168,16 +183,7 @@ class _Attachment:
         self.grouper: _AckGroup | None = None
 
     def delivery(self, d) -> Delivery:
-        return Delivery(
-            topic=d.topic,
-            payload=bytes(d.payload),
-            tag=bytes(d.tag),
-            attempt=int(d.attempt),
-            headers=[(h.key, bytes(h.value)) for h in d.headers],
-            enqueued_at_ms=int(d.enqueuedAtMs),
-            delay_ms=int(d.delayMs),
-            _attachment=self,
-        )
+        return Delivery(d, self)
 
     def consumer(self) -> _Consumer:
         """A new `Consumer` for this attachment; its release ends the attachment."""
@@ -282,6 +288,9 @@ class Subscription:
     async def _next_of(self, current: _Attachment) -> Delivery | None:
         """The next delivery of `current`, or None once it has ended (queued deliveries of an
         ended attachment are dropped: the broker redelivers their copies)."""
+        if not current.queue.empty() and not current.ended.is_set():
+            if not current.conn.lost.is_set():
+                return current.queue.get_nowait()
         get = asyncio.ensure_future(current.queue.get())
         ended = asyncio.ensure_future(current.ended.wait())
         lost = asyncio.ensure_future(current.conn.lost.wait())
@@ -304,8 +313,23 @@ class Subscription:
         )
 
     async def recv(self, timeout: float | None = None) -> Delivery:
-        """The next delivery, waiting at most `timeout` seconds (asyncio.TimeoutError)."""
+        """The next delivery, waiting at most `timeout` seconds (asyncio.TimeoutError). Raises
+        `StopAsyncIteration` once the subscription is closed."""
+        current = self._current
+        if timeout is None or (current is not None and not current.queue.empty()):
+            return await self.__anext__()
         return await asyncio.wait_for(self.__anext__(), timeout)
+
+    async def recv_batch(self, max_count: int, timeout: float | None = None) -> list:
+        """Waits for one delivery (at most `timeout` seconds), then takes whatever else is
+        queued already, up to `max_count` in all: the way to settle many with one `ack`."""
+        batch = [await self.recv(timeout)]
+        current = self._current
+        while len(batch) < max_count and not current.queue.empty():
+            if current.ended.is_set() or current.conn.lost.is_set():
+                break
+            batch.append(current.queue.get_nowait())
+        return batch
 
     async def ack(self, tags, level: str = "durable") -> list:
         """Acknowledges delivered copies by tag, in one call (or the open ACK group)."""

@@ -44,6 +44,7 @@ async def test_publish_subscribe_ack_round_trip(broker):
         got = {}
         async for d in sub:
             assert d.topic == t and d.attempt == 1 and d.headers == []
+            assert type(d.payload) is bytes and type(d.tag) is bytes
             assert await d.ack() == "ok"
             got[d.payload] = d.tag
             if len(got) == 3:
