@@ -240,3 +240,20 @@ async def test_a_broker_that_is_not_there_is_connection_lost(broker):
         await pinq.connect("127.0.0.1:1", timeout=2)
     with pytest.raises(ValueError):
         await pinq.connect("no-port")
+
+
+def test_the_readme_example_runs(broker):
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(here)
+    env = dict(os.environ, PYTHONPATH=package + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run(
+        [sys.executable, os.path.join(package, "examples", "quickstart.py"), broker.addr],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "refused: messageTooLarge at message 1 (retryable: False)" in out.stdout
+    assert "job 3 (attempt 2)" in out.stdout and "later (attempt 1)" in out.stdout
