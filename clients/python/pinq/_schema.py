@@ -24,8 +24,3 @@ ACK_LEVELS = ("durable", "leader", "none")
 TOPIC_HASH_SEED = 0x70696E715F746F70
 TOPIC_HASH_MASK = 0x7FFFFFFFFFFFFFFF
 
-
-def method_has_param(interface, method: str, param: str) -> bool:
-    """Whether `interface.method` takes `param` in this schema (fields added later)."""
-    methods = interface.schema.methods
-    return method in methods and param in methods[method].param_type.fieldnames

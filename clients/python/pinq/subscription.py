@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 
-from ._schema import ACK_LEVELS, method_has_param, schema
+from ._schema import ACK_LEVELS, schema
 from .errors import ConnectionLost, PinqError, SubscriptionEnded, refusal_from_reply
 
 # Local queue length when the broker's default is asked for (`queue_size` 0); the broker's
@@ -29,9 +29,6 @@ LOCAL_QUEUE_LEN_DEFAULT = 1024
 LOCAL_QUEUE_LEN_MAX = 1 << 20
 # Most tags one grouped ACK carries (the Rust client's ACK_GROUP_TAGS_MAX).
 ACK_GROUP_TAGS_MAX = 4096
-
-# Whether this schema has the ack level on ack/nack (added after protocol 2 came out).
-_ACK_HAS_LEVEL = method_has_param(schema.Subscription, "ack", "level")
 
 
 def _check_level(level: str) -> str:
@@ -207,7 +204,7 @@ class _Attachment:
             tag_list[i] = bytes(tag)
         if method == "nack":
             request.delayMs = delay_ms
-        if method in ("ack", "nack") and _ACK_HAS_LEVEL:
+        if method in ("ack", "nack"):
             request.level = _check_level(level)
         reply = await self.conn.call(request.send(), self.conn_timeout)
         refused = refusal_from_reply(reply.refusal)

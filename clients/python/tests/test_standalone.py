@@ -116,7 +116,9 @@ async def test_nack_with_delay_touch_and_headers(broker):
         assert await first.nack(delay=0.3) == "ok"
         again = await sub.recv(timeout=WAIT_S)
         assert (again.payload, again.attempt, again.tag) == (b"job", 2, first.tag)
-        assert await again.nack() == "ok"
+        with pytest.raises(ValueError):
+            await again.nack(level="fsync")
+        assert await again.nack(level="leader") == "ok"
         third = await sub.recv(timeout=WAIT_S)
         assert third.attempt == 3
         assert await third.ack() == "ok"
@@ -164,7 +166,10 @@ async def test_ack_grouping_sends_one_call_for_many_acks(broker):
         sub = await client.subscribe(t, group="g", ack_window=0.05)
         await client.publish(t, [b"%d" % i for i in range(50)])
         got = await take(sub, 50)
-        results = await asyncio.gather(*(d.ack() for d in got))
+        # Two ACK levels in one window: one grouped call per level.
+        results = await asyncio.gather(
+            *(d.ack(level="leader" if i % 2 else "durable") for i, d in enumerate(got))
+        )
         assert results == ["ok"] * 50
         stats = await wait_stats(
             client,
