@@ -166,11 +166,22 @@ async def test_ack_grouping_sends_one_call_for_many_acks(broker):
         sub = await client.subscribe(t, group="g", ack_window=0.05)
         await client.publish(t, [b"%d" % i for i in range(50)])
         got = await take(sub, 50)
-        # Two ACK levels in one window: one grouped call per level.
+        attachment = sub._current
+        calls = []
+        settle = attachment.settle
+
+        async def counted(method, tags, delay_ms, level):
+            calls.append((method, len(tags), level))
+            return await settle(method, tags, delay_ms, level)
+
+        attachment.settle = counted
+        # Two ACK levels in one window: one grouped call per level (all 50 ACKs are given in
+        # one turn of the event loop, well inside the window).
         results = await asyncio.gather(
             *(d.ack(level="leader" if i % 2 else "durable") for i, d in enumerate(got))
         )
         assert results == ["ok"] * 50
+        assert sorted(calls) == [("ack", 25, "durable"), ("ack", 25, "leader")]
         stats = await wait_stats(
             client,
             lambda s: any(g.topic == t and g.group == "g" and g.acked == 50 for g in s.groups),
