@@ -28,7 +28,7 @@ pub(super) struct Inbox {
     /// deliveries whose `deliver` call may still return. Once it is spent, calls are held open,
     /// so the broker, at the `queueSize` bound, sends this consumer nothing more: not even a
     /// copy it NACKed, which would otherwise come back to it before it exits. None: unlimited.
-    returns_left: Rc<Cell<Option<u64>>>,
+    pub(super) returns_left: Rc<Cell<Option<u64>>>,
 }
 
 impl Inbox {

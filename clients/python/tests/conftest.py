@@ -222,6 +222,7 @@ def broker():
         env={
             "PINQ_PUBLISH_MAX_MESSAGE_BYTES": "16KiB",
             "PINQ_DELIVERY_DELETE_BATCH_INTERVAL": "50ms",
+            "PINQ_DELIVERY_TTL_SWEEP_INTERVAL": "200ms",
         },
     ).start()
     yield b

@@ -144,6 +144,21 @@ async def test_delay_ttl_and_ack_levels(broker):
         )
 
 
+async def test_an_ack_after_the_ttl_answers_unknown_tag(broker):
+    t = topic("ttl-ack")
+    async with await pinq.connect(broker.addr) as client:
+        sub = await client.subscribe(t, group="g")
+        await client.publish(t, [b"short-lived"], ttl=0.3)
+        d = await sub.recv(timeout=WAIT_S)
+        await wait_stats(
+            client,
+            lambda s: any(g.topic == t and g.expired == 1 for g in s.groups),
+            "the delivered copy expired (janitor sweep every 200 ms)",
+        )
+        # As the schema and the README say: the copy is gone, not held by another consumer.
+        assert await d.ack() == "unknownTag"
+
+
 async def test_producer_id_makes_a_retried_batch_idempotent(broker):
     t = topic("dedup")
     async with await pinq.connect(broker.addr) as client:
