@@ -67,7 +67,8 @@ const protocolVersion :UInt32 = 2;
 # The protocol version this schema describes, sent in `Broker.hello`. It changes only when a
 # change is not backward compatible; fields and methods added later keep the version.
 # Version 2: refusals of `publish`, `ack`, `nack` and `touch` come in the results' `refusal`
-# field instead of as exceptions (see "Errors" above). The broker still speaks version 1.
+# field instead of as exceptions (see "Errors" above), and the statistics' `backlog` counts only
+# what waits to be sent. The broker still speaks version 1, with version 1's meanings.
 
 const noIndex :UInt32 = 0xffffffff;
 # `Refusal.index` when the refusal is about the call as a whole, not one entry of its batch.
@@ -436,7 +437,8 @@ struct ShardStats {
   # Total delete batches that failed and were queued again.
   backlog @10 :UInt64;
   # Gauge: stored messages that are due and not yet dispatched, plus copies waiting to be
-  # delivered again (NACKed, timed out, or released by a consumer that left).
+  # delivered again (NACKed, timed out, or released by a consumer that left). On a protocol-1
+  # connection, its protocol-1 meaning: messages stored and not yet deleted, due or scheduled.
   scheduled @11 :UInt64;
   # Gauge: stored messages whose delay has not passed yet.
   counted @12 :Bool;
@@ -472,7 +474,9 @@ struct GroupStats {
   # Gauge: connected consumers.
   backlog @4 :UInt64;
   # Gauge: the topic's stored messages that are due and not yet dispatched, plus this
-  # recipient's copies waiting to be delivered again.
+  # recipient's copies waiting to be delivered again. On a protocol-1 connection, its protocol-1
+  # meaning: messages due or scheduled that this recipient has not acknowledged (this backlog
+  # plus `inFlight` plus `scheduled`).
   inFlight @5 :UInt64;
   # Gauge: copies sent to this recipient and not yet settled.
   dispatched @6 :UInt64;

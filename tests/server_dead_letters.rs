@@ -268,3 +268,94 @@ fn policies_past_max_groups_per_shard_are_refused_by_code_and_bad_input_is_typed
     let (code, _, err) = policy("", &[]);
     assert_eq!(code, 2, "an empty group is a usage error: {err}");
 }
+
+#[test]
+fn consume_count_1_nack_three_times_shows_the_message_three_times_then_it_is_dead_lettered() {
+    let server = Server::start_with_env(
+        &["--storage", "memory", "--cpus", "0"],
+        &[("PINQ_DELIVERY_MAX_DELIVERIES", "3")],
+    );
+    let addr = server.server_arg();
+    let (code, _, err) = cli(
+        &[
+            "publish",
+            "--server",
+            &addr,
+            "--topic",
+            "cli-poison",
+            "poison",
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "publish: {err}");
+    let consume = |topic: &str, extra: &[&str]| {
+        let mut args = vec![
+            "consume",
+            "--server",
+            &addr,
+            "--topic",
+            topic,
+            "--group",
+            "workers",
+            "--timeout",
+            "5s",
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = cli(&args, None);
+        assert_eq!(code, 0, "consume {extra:?}: {err}");
+        out
+    };
+    // Each run receives at most one delivery: the copy it NACKs is not sent back to it before
+    // it exits, so each run costs the message exactly one delivery attempt.
+    for run in 1..=3 {
+        let out = consume("cli-poison", &["--count", "1", "--nack"]);
+        assert_eq!(out, "poison\n", "run {run} shows the message once");
+    }
+    let dead = consume("cli-poison.dlq", &["--count", "1"]);
+    assert_eq!(
+        dead, "poison\n",
+        "after three deliveries it is a dead letter"
+    );
+    let (code, out, err) = cli(
+        &[
+            "consume",
+            "--server",
+            &addr,
+            "--topic",
+            "cli-poison",
+            "--group",
+            "workers",
+            "--count",
+            "1",
+            "--timeout",
+            "1s",
+        ],
+        None,
+    );
+    assert_eq!(
+        (code, out.as_str()),
+        (0, ""),
+        "nothing left on the topic: {err}"
+    );
+    // The same bound with a larger count: two runs of --count 2 over two messages, each
+    // NACKing both, leave every message with two deliveries (maxDeliveries 3: none dead yet).
+    let (code, _, err) = cli(
+        &["publish", "--server", &addr, "--topic", "cli-two", "a", "b"],
+        None,
+    );
+    assert_eq!(code, 0, "publish: {err}");
+    for run in 1..=2 {
+        let out = consume("cli-two", &["--count", "2", "--nack"]);
+        let mut lines: Vec<&str> = out.lines().collect();
+        lines.sort_unstable();
+        assert_eq!(lines, ["a", "b"], "run {run}");
+    }
+    let out = consume("cli-two", &["--count", "2"]);
+    assert_eq!(
+        out.lines().count(),
+        2,
+        "the third delivery of each is still on the topic"
+    );
+    let dead = consume("cli-two.dlq", &["--count", "1"]);
+    assert_eq!(dead, "", "nothing of cli-two was dead-lettered");
+}

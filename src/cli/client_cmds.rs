@@ -21,7 +21,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 use super::UsageError;
 use std::rc::Rc;
 
-use crate::client::{Client, ClientError, Router};
+use crate::client::{Client, ClientError, Router, Subscription};
 use crate::config::AckLevel;
 use crate::rpc::PublishMessage;
 
@@ -283,14 +283,10 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
         Box::pin(async move {
             let deadline = args.timeout.map(|t| Instant::now() + t);
             let limit = args.count.unwrap_or(u64::MAX);
-            // Never take more than we may handle: a consumer that exits holding copies would
-            // only delay them until its disconnect releases them.
-            let queue_size = limit.min(1024) as u32;
             let router = Router::connect(args.server.as_str(), args.connect.router_options()?)
                 .await
                 .with_context(|| format!("connecting to {}", args.server))?;
-            let mut subscription = router
-                .subscribe(&args.topic, &args.group, queue_size)
+            let mut subscription = subscribe_for(&router, &args, limit)
                 .await
                 .context("subscribing")?;
             let mut handled = 0u64;
@@ -320,8 +316,7 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
                     // subscribe again on the leader the router finds (within its patience).
                     Some(Err(e)) if router.is_cluster() => {
                         tracing::info!(topic = %args.topic, "subscription ended ({e}); subscribing again");
-                        subscription = router
-                            .subscribe(&args.topic, &args.group, queue_size)
+                        subscription = subscribe_for(&router, &args, limit - handled)
                             .await
                             .context("subscribing again")?;
                         continue;
@@ -362,6 +357,24 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
             Ok(())
         })
     })
+}
+
+/// Subscribes `pinq consume` for at most `left` more deliveries (`u64::MAX`: no `--count`).
+/// Never take more than we may handle: a consumer that exits holding copies would only delay
+/// them until its disconnect releases them, and a copy it NACKed would come back to it (one
+/// more, unshown, delivery attempt) before it exits.
+async fn subscribe_for(
+    router: &Router,
+    args: &ConsumeArgs,
+    left: u64,
+) -> Result<Subscription, ClientError> {
+    if left == u64::MAX {
+        router.subscribe(&args.topic, &args.group, 1024).await
+    } else {
+        router
+            .subscribe_at_most(&args.topic, &args.group, left)
+            .await
+    }
 }
 
 pub fn topology(args: ServerArgs) -> anyhow::Result<()> {

@@ -498,7 +498,19 @@ impl Client {
         group: &str,
         queue_size: u32,
     ) -> Result<Subscription, ClientError> {
-        Subscription::open(self.clone(), topic, group, queue_size).await
+        Subscription::open(self.clone(), topic, group, queue_size, None).await
+    }
+
+    /// Subscribes a consumer that will take at most `at_most` deliveries (`pinq consume
+    /// --count`): the broker is never given room to send it more, not even a copy it NACKed.
+    /// Its queue size is `at_most` capped at the broker's default.
+    pub async fn subscribe_at_most(
+        &self,
+        topic: &str,
+        group: &str,
+        at_most: u64,
+    ) -> Result<Subscription, ClientError> {
+        Subscription::open(self.clone(), topic, group, 0, Some(at_most)).await
     }
 
     /// The broker's shards and the port of each.

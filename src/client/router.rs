@@ -158,6 +158,20 @@ impl Router {
         .await
     }
 
+    /// [`Client::subscribe_at_most`] on the leader of the topic's shard.
+    pub async fn subscribe_at_most(
+        &self,
+        topic: &str,
+        group: &str,
+        at_most: u64,
+    ) -> Result<Subscription, ClientError> {
+        let shard = self.shard_of(topic);
+        self.retry(shard, |client| async move {
+            client.subscribe_at_most(topic, group, at_most).await
+        })
+        .await
+    }
+
     /// Sets (or, with an empty `change`, reads) a group's policy on the leader of the topic's
     /// shard. Retrying is safe: the same overrides applied twice leave the same policy.
     pub async fn set_group_policy(

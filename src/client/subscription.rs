@@ -1,7 +1,9 @@
 //! A consumer's subscription: the `Consumer` capability the broker delivers to, the bounded
 //! local queue it fills, and the `Subscription` capability to ack, nack and touch with.
 
+use std::cell::Cell;
 use std::fmt;
+use std::rc::Rc;
 
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use uuid::Uuid;
@@ -24,6 +26,24 @@ const WHY_ENDED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2)
 /// The `Consumer` capability: receives delivery batches and queues them for the application.
 pub(super) struct Inbox {
     pub(super) queue: LocalSender<Delivery>,
+    /// For a consumer that takes at most N deliveries ([`Subscription::open`]'s `at_most`):
+    /// deliveries whose `deliver` call may still return. Once it is spent, calls are held open,
+    /// so the broker, at the `queueSize` bound, sends this consumer nothing more: not even a
+    /// copy it NACKed, which would otherwise come back to it before it exits. None: unlimited.
+    pub(super) returns_left: Rc<Cell<Option<u64>>>,
+}
+
+impl Inbox {
+    /// Whether the call that carried `count` deliveries may return (spends the budget).
+    fn may_return(&self, count: u64) -> bool {
+        match self.returns_left.get() {
+            None => true,
+            Some(left) => {
+                self.returns_left.set(Some(left.saturating_sub(count)));
+                left >= count
+            }
+        }
+    }
 }
 
 impl consumer::Server for Inbox {
@@ -34,6 +54,7 @@ impl consumer::Server for Inbox {
     ) -> Result<(), capnp::Error> {
         let deliveries = rpc::read_deliveries(params.get()?.get_deliveries()?)?;
         drop(params);
+        let count = deliveries.len() as u64;
         // Not returning until every delivery is queued is the back-pressure: the broker never
         // has more than the subscription's `queueSize` deliveries in calls not yet returned.
         for delivery in deliveries {
@@ -43,6 +64,10 @@ impl consumer::Server for Inbox {
                     "the subscription was dropped by the consumer".into(),
                 ));
             }
+        }
+        if !self.may_return(count) {
+            // Held until the subscription or the connection ends (see `returns_left`).
+            std::future::pending::<()>().await;
         }
         Ok(())
     }
@@ -92,18 +117,33 @@ macro_rules! tag_results {
 }
 
 impl Subscription {
+    /// Subscribes. With `at_most = Some(n)` the consumer takes at most `n` deliveries in all
+    /// (`queue_size` is then `n` capped at the default): after `n - queueSize` of them its
+    /// `deliver` calls no longer return, so the broker never sends it an `n + 1`th copy.
     pub(super) async fn open(
         client: Client,
         topic: &str,
         group: &str,
         queue_size: u32,
+        at_most: Option<u64>,
     ) -> Result<Subscription, ClientError> {
+        let queue_size = match at_most {
+            Some(n) => n.clamp(1, LOCAL_QUEUE_LEN_DEFAULT as u64) as u32,
+            None => queue_size,
+        };
         let local_len = match queue_size {
             0 => LOCAL_QUEUE_LEN_DEFAULT,
             n => (n as usize).min(LOCAL_QUEUE_LEN_MAX),
         };
         let (sender, queue) = local_channel::new_bounded(local_len);
-        let consumer: consumer::Client = capnp_rpc::new_client(Inbox { queue: sender });
+        // Until the broker says which bound is in force, count with the one asked for.
+        let returns_left = Rc::new(Cell::new(
+            at_most.map(|n| n.saturating_sub(u64::from(queue_size))),
+        ));
+        let consumer: consumer::Client = capnp_rpc::new_client(Inbox {
+            queue: sender,
+            returns_left: Rc::clone(&returns_left),
+        });
         let mut request = client.broker().subscribe_request();
         {
             let mut params = request.get();
@@ -123,6 +163,14 @@ impl Subscription {
                 .map_err(ClientError::BadReply)?
         {
             return Err(ClientError::NotLeader(not_leader));
+        }
+        // A broker that capped the queue below the ask sends less ahead: more calls may return.
+        let granted = match reply.get_queue_size() {
+            0 => queue_size,
+            n => n.min(queue_size),
+        };
+        if let Some(left) = returns_left.get() {
+            returns_left.set(Some(left + u64::from(queue_size - granted)));
         }
         let capability = reply.get_subscription().map_err(ClientError::bad_reply)?;
         let id_bytes = reply.get_consumer_id().map_err(ClientError::bad_reply)?;

@@ -772,7 +772,10 @@ fn calls_after_close_fail_as_disconnected() {
 fn deliver_waits_for_room_in_the_local_queue() {
     run(|| async {
         let (sender, queue) = local_channel::new_bounded(2);
-        let inbox: consumer::Client = capnp_rpc::new_client(Inbox { queue: sender });
+        let inbox: consumer::Client = capnp_rpc::new_client(Inbox {
+            queue: sender,
+            returns_left: Default::default(),
+        });
         let stored = StoredMessage {
             topic: "orders".into(),
             payload: b"p".to_vec(),
@@ -807,5 +810,50 @@ fn deliver_waits_for_room_in_the_local_queue() {
         assert!(within("the failing call", request.send().promise)
             .await
             .is_err());
+    });
+}
+
+#[test]
+fn a_consumer_of_at_most_n_holds_the_calls_past_its_budget() {
+    run(|| async {
+        let (sender, queue) = local_channel::new_bounded(8);
+        // Two deliveries may return; the broker's queue bound covers the rest.
+        let inbox: consumer::Client = capnp_rpc::new_client(Inbox {
+            queue: sender,
+            returns_left: std::rc::Rc::new(std::cell::Cell::new(Some(2))),
+        });
+        let stored = StoredMessage {
+            topic: "orders".into(),
+            payload: b"p".to_vec(),
+            enqueued_at_ms: 1,
+            delay_ms: 0,
+            ttl_ms: 0,
+            headers: Vec::new(),
+        };
+        let deliveries: Vec<OutgoingDelivery<'_, StoredMessage>> = (1..=3)
+            .map(|id| OutgoingDelivery {
+                tag: EventKey::new(TopicHash::of("orders"), 0, id),
+                message: &stored,
+                attempt: 1,
+            })
+            .collect();
+        let call = |range: std::ops::Range<usize>| {
+            let mut request = inbox.deliver_request();
+            let part = &deliveries[range];
+            rpc::write_deliveries(request.get().init_deliveries(part.len() as u32), part);
+            request.send().promise
+        };
+        within("a call within the budget", call(0..2))
+            .await
+            .unwrap();
+        let mut held = call(2..3);
+        // Queued for the application at once, but the call does not return.
+        assert_eq!(queue.recv().await.map(|d| d.tag.event_id()), Some(1));
+        assert_eq!(queue.recv().await.map(|d| d.tag.event_id()), Some(2));
+        assert_eq!(queue.recv().await.map(|d| d.tag.event_id()), Some(3));
+        for _ in 0..10 {
+            assert!(futures_lite::future::poll_once(&mut held).await.is_none());
+            glommio::yield_if_needed().await;
+        }
     });
 }

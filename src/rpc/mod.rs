@@ -61,4 +61,8 @@ pub const PROTOCOL_VERSION_MIN: u32 = 1;
 /// From this protocol version on, refusals of `publish`, `ack`, `nack` and `touch` come in the
 /// results' `refusal` field; before it, as exceptions (`schema/pinq.capnp`, "Errors").
 pub const REFUSAL_IN_RESULTS_VERSION: u32 = 2;
+
+/// From this protocol version on, `ShardStats.backlog` and `GroupStats.backlog` count only what
+/// waits to be sent; before it, everything stored not yet deleted (see [`stats::as_protocol_1`]).
+pub const BACKLOG_SPLIT_VERSION: u32 = 2;
 pub use wire::*;

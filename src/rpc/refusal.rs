@@ -251,10 +251,17 @@ impl Refusal {
     /// The refusal as a protocol 1 client gets it: an exception whose description is the
     /// message, `overloaded` when retryable, else `failed`.
     pub fn into_capnp(self) -> capnp::Error {
+        // Every refusal sent as an exception starts with its code (schema, "Errors"); a wire
+        // error's message names the field ("messages[1].topic: ...") and gets the code before it.
+        let name = self.code.name();
+        let message = match self.message.strip_prefix(name) {
+            Some(rest) if rest.starts_with(": ") => self.message,
+            _ => format!("{name}: {}", self.message),
+        };
         if self.retryable {
-            capnp::Error::overloaded(self.message)
+            capnp::Error::overloaded(message)
         } else {
-            capnp::Error::failed(self.message)
+            capnp::Error::failed(message)
         }
     }
 
@@ -309,6 +316,18 @@ pub fn code_of(text: &str) -> Option<Code> {
     })
 }
 
+/// The text of a failure `method` sends as an exception: when `text` starts with a refusal's
+/// code, the code comes first, as the schema promises ("tooManyGroups: subscribe: ..."), so a
+/// client matching the start of the text finds it; otherwise "method: text".
+pub fn code_first(method: &str, text: &str) -> String {
+    Code::every()
+        .find_map(|code| {
+            let rest = text.strip_prefix(code.name())?.strip_prefix(": ")?;
+            Some(format!("{}: {method}: {rest}", code.name()))
+        })
+        .unwrap_or_else(|| format!("{method}: {text}"))
+}
+
 /// Refusals counted by one shard, one counter per [`Code`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RefusalCounts {
@@ -342,6 +361,30 @@ mod tests {
         }
         assert_eq!(code_of("tooManyCallsX: no"), None);
         assert_eq!(code_of("nothing here"), None);
+    }
+
+    #[test]
+    fn refusals_sent_as_exceptions_start_with_their_code() {
+        assert_eq!(
+            code_first(
+                "subscribe",
+                "tooManyGroups: delivery.maxGroupsPerTopic is 2"
+            ),
+            "tooManyGroups: subscribe: delivery.maxGroupsPerTopic is 2"
+        );
+        assert_eq!(
+            code_first("setGroupPolicy", "storage failed: gone"),
+            "setGroupPolicy: storage failed: gone"
+        );
+        let wire = Refusal::new(Code::InvalidTopic, "messages[1].topic: topic name is empty");
+        assert_eq!(
+            wire.into_capnp().extra,
+            "invalidTopic: messages[1].topic: topic name is empty"
+        );
+        let coded = Code::DiskFull.refusal("the disk is full");
+        let e = coded.into_capnp();
+        assert_eq!(e.extra, "diskFull: the disk is full", "no second prefix");
+        assert_eq!(e.kind, capnp::ErrorKind::Overloaded);
     }
 
     #[test]

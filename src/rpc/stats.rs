@@ -56,3 +56,77 @@ fn add_group(groups: &mut Vec<GroupStats>, shard_id: u32, g: &GroupFigures) {
         scheduled: g.scheduled,
     });
 }
+
+/// The figures with the meaning a protocol-1 client was built against: `ShardStats.backlog`
+/// was the shard's messages stored and not yet deleted, due or scheduled (the sum of its
+/// topics' `stored`), and `GroupStats.backlog` the messages due or scheduled that the recipient
+/// has not acknowledged (waiting, in flight or not yet due). Protocol 2 split both into
+/// `backlog` (waiting to be sent), `scheduled` and `inFlight`; a v1 client reads none of the
+/// new fields, so it gets the old sum in the old one.
+pub fn as_protocol_1(stats: &mut Stats) {
+    for shard in &mut stats.shards {
+        shard.backlog = stats
+            .topics
+            .iter()
+            .filter(|t| t.shard_id == shard.shard_id)
+            .map(|t| t.stored)
+            .sum();
+    }
+    for group in &mut stats.groups {
+        group.backlog = group.backlog + group.scheduled + group.in_flight;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_1_backlog_is_everything_stored_or_unacknowledged() {
+        let mut stats = Stats {
+            shards: vec![
+                WireShard {
+                    shard_id: 0,
+                    backlog: 1,
+                    scheduled: 2,
+                    in_flight: 3,
+                    ..WireShard::default()
+                },
+                WireShard {
+                    shard_id: 1,
+                    ..WireShard::default()
+                },
+            ],
+            topics: vec![
+                TopicStats {
+                    topic: "a".into(),
+                    shard_id: 0,
+                    stored: 6,
+                    ..TopicStats::default()
+                },
+                TopicStats {
+                    topic: String::new(),
+                    shard_id: 0,
+                    stored: 4,
+                    ..TopicStats::default()
+                },
+            ],
+            groups: vec![GroupStats {
+                topic: "a".into(),
+                group: "g".into(),
+                backlog: 1,
+                scheduled: 2,
+                in_flight: 3,
+                ..GroupStats::default()
+            }],
+        };
+        as_protocol_1(&mut stats);
+        assert_eq!(stats.shards[0].backlog, 10, "both topic entries of shard 0");
+        assert_eq!(stats.shards[1].backlog, 0);
+        assert_eq!(stats.groups[0].backlog, 6);
+        assert_eq!(
+            stats.groups[0].scheduled, 2,
+            "the new fields are left as they are"
+        );
+    }
+}

@@ -739,12 +739,12 @@ impl broker::Server for BrokerImpl {
             let topic = params
                 .get_topic()?
                 .to_str()
-                .map_err(|_| failed("subscribe: topic is not UTF-8"))?
+                .map_err(|_| Code::NotUtf8.error("subscribe: topic is not UTF-8"))?
                 .to_owned();
             let group = params
                 .get_group()?
                 .to_str()
-                .map_err(|_| failed("subscribe: group is not UTF-8"))?
+                .map_err(|_| Code::NotUtf8.error("subscribe: group is not UTF-8"))?
                 .to_owned();
             (
                 topic,
@@ -753,10 +753,11 @@ impl broker::Server for BrokerImpl {
                 params.get_queue_size() as usize,
             )
         };
-        crate::key::validate_topic(&topic).map_err(|e| failed(format!("subscribe: topic: {e}")))?;
+        crate::key::validate_topic(&topic)
+            .map_err(|e| Code::InvalidTopic.error(format!("subscribe: topic: {e}")))?;
         self.admit(Some(Action::Consume { topic: &topic }))?;
         if group.len() > crate::key::TOPIC_LEN_MAX {
-            return Err(failed(format!(
+            return Err(Code::InvalidRequest.error(format!(
                 "subscribe: group is {} bytes, the limit is 255",
                 group.len()
             )));
@@ -788,7 +789,10 @@ impl broker::Server for BrokerImpl {
             }
             Err(e) => {
                 self.shard.close_sink(sink_id);
-                return Err(failed(format!("subscribe: {e}")));
+                return Err(failed(rpc::refusal::code_first(
+                    "subscribe",
+                    &e.to_string(),
+                )));
             }
         };
         let consumer = subscribed.consumer;
@@ -877,6 +881,9 @@ impl broker::Server for BrokerImpl {
                 .await
                 .map_err(|e| failed(e.to_string()))?;
             rpc::stats::add_shard(&mut stats, owner as u32, s);
+        }
+        if self.conn.protocol_version() < rpc::BACKLOG_SPLIT_VERSION {
+            rpc::stats::as_protocol_1(&mut stats);
         }
         rpc::write_stats(results.get().init_stats(), &stats).map_err(wire)
     }

@@ -9,6 +9,7 @@ use super::shard::Shard;
 use crate::key::TopicHash;
 use crate::pipeline::policy::{Backoff, Policy, PolicyOverride};
 use crate::rpc::pinq_capnp::broker;
+use crate::rpc::refusal::{code_first, Code};
 
 /// Reads the parameters, asks the owning shard, writes the policy in force. `failed` turns a
 /// refusal's text into its typed error (the connection's helper).
@@ -19,7 +20,7 @@ pub async fn set_group_policy(
     failed: fn(String) -> capnp::Error,
 ) -> Result<(), capnp::Error> {
     let (topic, group, policy) =
-        read(params).map_err(|e| failed(format!("setGroupPolicy: {e}")))?;
+        read(params).map_err(|(code, e)| code.error(format!("setGroupPolicy: {e}")))?;
     let owner = TopicHash::of(&topic).shard(shard.count);
     let answer = shard
         .call(owner, |reply| Request::SetGroupPolicy {
@@ -35,7 +36,7 @@ pub async fn set_group_policy(
             super::connection::write_not_leader(results.get().init_not_leader(), &hint);
             return Ok(());
         }
-        Err(e) => return Err(failed(format!("setGroupPolicy: {e}"))),
+        Err(e) => return Err(failed(code_first("setGroupPolicy", &e.to_string()))),
     };
     let mut out = results.get().init_policy();
     out.set_max_deliveries(policy.max_deliveries);
@@ -46,26 +47,36 @@ pub async fn set_group_policy(
     Ok(())
 }
 
+/// A bad request: the refusal's code and what is wrong.
+type Bad = (Code, String);
+
 /// The request as (topic, group, overrides), every field checked.
-fn read(params: broker::SetGroupPolicyParams) -> Result<(String, String, PolicyOverride), String> {
-    let p = params.get().map_err(|e| e.to_string())?;
-    let text = |r: capnp::Result<capnp::text::Reader<'_>>, what: &str| -> Result<String, String> {
-        r.map_err(|e| e.to_string())?
+fn read(params: broker::SetGroupPolicyParams) -> Result<(String, String, PolicyOverride), Bad> {
+    let invalid = |e: capnp::Error| (Code::InvalidRequest, e.to_string());
+    let p = params.get().map_err(invalid)?;
+    let text = |r: capnp::Result<capnp::text::Reader<'_>>, what: &str| -> Result<String, Bad> {
+        r.map_err(invalid)?
             .to_str()
             .map(str::to_owned)
-            .map_err(|_| format!("{what} is not UTF-8"))
+            .map_err(|_| (Code::NotUtf8, format!("{what} is not UTF-8")))
     };
     let topic = text(p.get_topic(), "topic")?;
     let group = text(p.get_group(), "group")?;
-    crate::key::validate_topic(&topic).map_err(|e| format!("topic: {e}"))?;
+    crate::key::validate_topic(&topic).map_err(|e| (Code::InvalidTopic, format!("topic: {e}")))?;
     if group.is_empty() {
-        return Err("group is empty: a policy belongs to a named consumer group".into());
+        return Err((
+            Code::InvalidRequest,
+            "group is empty: a policy belongs to a named consumer group".into(),
+        ));
     }
     if group.len() > crate::key::TOPIC_LEN_MAX {
-        return Err(format!(
-            "group is {} bytes, at most {} are allowed",
-            group.len(),
-            crate::key::TOPIC_LEN_MAX
+        return Err((
+            Code::InvalidRequest,
+            format!(
+                "group is {} bytes, at most {} are allowed",
+                group.len(),
+                crate::key::TOPIC_LEN_MAX
+            ),
         ));
     }
     let mut policy = PolicyOverride::default();
@@ -76,7 +87,7 @@ fn read(params: broker::SetGroupPolicyParams) -> Result<(String, String, PolicyO
         let name = text(p.get_dead_letter_topic(), "deadLetterTopic")?;
         if !name.is_empty() {
             crate::key::validate_topic(&name.replace("{topic}", &topic))
-                .map_err(|e| format!("deadLetterTopic: {e}"))?;
+                .map_err(|e| (Code::InvalidTopic, format!("deadLetterTopic: {e}")))?;
         }
         // Empty: back to the default.
         policy.dead_letter_topic = Some(name);
@@ -86,7 +97,10 @@ fn read(params: broker::SetGroupPolicyParams) -> Result<(String, String, PolicyO
         policy.backoff = Some(if initial == 0 {
             None
         } else {
-            Some(Backoff::new(initial, max).map_err(|e| format!("backoff: {e}"))?)
+            Some(
+                Backoff::new(initial, max)
+                    .map_err(|e| (Code::InvalidRequest, format!("backoff: {e}")))?,
+            )
         });
     }
     Ok((topic, group, policy))
