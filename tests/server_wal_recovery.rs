@@ -128,10 +128,6 @@ fn flip(path: &Path, at: usize) {
 }
 
 /// Starts `pinq serve` on `data_dir` expecting it to refuse; returns its exit code and stderr.
-fn start_expecting_failure(data_dir: &Path) -> (Option<i32>, String) {
-    start_expecting_failure_with(data_dir, &ENV)
-}
-
 fn start_expecting_failure_with(data_dir: &Path, env: &[(&str, &str)]) -> (Option<i32>, String) {
     let mut child = Command::new(support::pinq_bin())
         .args(["serve", "--listen", "127.0.0.1:0"])
