@@ -163,12 +163,7 @@ fn assert_refused_unchanged(data_dir: &Path, file: &Path, offset: usize) {
 
 /// Expects a refused start whose error names `file` and says `says`, and that no file changed.
 /// Returns the error output.
-fn assert_refused_saying(
-    data_dir: &Path,
-    env: &[(&str, &str)],
-    file: &Path,
-    says: &str,
-) -> String {
+fn assert_refused_saying(data_dir: &Path, env: &[(&str, &str)], file: &Path, says: &str) -> String {
     let before = snapshot(data_dir);
     let (code, stderr) = start_expecting_failure_with(data_dir, env);
     assert_eq!(code, Some(1), "stderr:\n{stderr}");
@@ -291,11 +286,7 @@ fn a_last_segment_cut_inside_its_last_record_is_refused_until_the_loss_is_accept
     let stderr = assert_refused_saying(&data_dir, &ENV, last, "shorter than it was written");
     assert!(stderr.contains("--recover-truncated-wal"), "{stderr}");
     assert!(stderr.contains(&format!("from byte {at}")), "{stderr}");
-    let mut server = Server::start_in(
-        &data_dir,
-        &["--cpus", "0", "--recover-truncated-wal"],
-        &ENV,
-    );
+    let mut server = Server::start_in(&data_dir, &["--cpus", "0", "--recover-truncated-wal"], &ENV);
     let got = receive_batches(server.server_arg());
     assert_eq!(got, (0..BATCHES - 1).collect::<Vec<_>>());
     let (status, body) = healthz(&server);
@@ -305,7 +296,11 @@ fn a_last_segment_cut_inside_its_last_record_is_refused_until_the_loss_is_accept
         "{body}"
     );
     assert!(
-        !lines_with(&server, &["WARN", &format!("at byte {at}"), "1 record(s) dropped"]).is_empty(),
+        !lines_with(
+            &server,
+            &["WARN", &format!("at byte {at}"), "1 record(s) dropped"]
+        )
+        .is_empty(),
         "the loss is logged with its offset and count"
     );
     server.kill9();
@@ -339,20 +334,27 @@ fn a_segment_cut_inside_its_first_record_is_refused_naming_the_file() {
     let len = std::fs::metadata(segment).expect("stat").len();
     assert!(len > 44_867, "the segment is {len} bytes");
     cut(segment, 44_867);
-    let stderr = assert_refused_saying(&data_dir, &env, segment, "ends at byte 44867 inside record");
-    assert!(stderr.contains("missing"), "the header's length is checked too: {stderr}");
+    let stderr =
+        assert_refused_saying(&data_dir, &env, segment, "ends at byte 44867 inside record");
+    assert!(
+        stderr.contains("missing"),
+        "the header's length is checked too: {stderr}"
+    );
 
     // Accepting the loss starts the broker, says what was dropped, and reports it.
-    let server = Server::start_in(
-        &data_dir,
-        &["--cpus", "0", "--recover-truncated-wal"],
-        &env,
-    );
+    let server = Server::start_in(&data_dir, &["--cpus", "0", "--recover-truncated-wal"], &env);
     let (status, body) = healthz(&server);
     assert_eq!(status, 200, "{body}");
-    assert!(body.starts_with("degraded") && body.contains("1 record(s) dropped"), "{body}");
     assert!(
-        !lines_with(&server, &["WARN", "truncated WAL accepted", "1 record(s) dropped"]).is_empty(),
+        body.starts_with("degraded") && body.contains("1 record(s) dropped"),
+        "{body}"
+    );
+    assert!(
+        !lines_with(
+            &server,
+            &["WARN", "truncated WAL accepted", "1 record(s) dropped"]
+        )
+        .is_empty(),
         "the accepted loss is logged"
     );
 }
@@ -374,16 +376,16 @@ fn a_segment_cut_at_a_record_boundary_mid_log_is_refused_until_the_loss_is_accep
     let stderr = assert_refused_saying(&data_dir, &ENV, victim, "shorter than it was written");
     assert!(stderr.contains("header records"), "{stderr}");
 
-    let mut server = Server::start_in(
-        &data_dir,
-        &["--cpus", "0", "--recover-truncated-wal"],
-        &ENV,
-    );
+    let mut server = Server::start_in(&data_dir, &["--cpus", "0", "--recover-truncated-wal"], &ENV);
     let dropped = BATCHES - kept;
     assert!(
         !lines_with(
             &server,
-            &["WARN", &format!("at byte {}", offsets[kept_here]), &format!("{dropped} record(s) dropped")]
+            &[
+                "WARN",
+                &format!("at byte {}", offsets[kept_here]),
+                &format!("{dropped} record(s) dropped")
+            ]
         )
         .is_empty(),
         "the loss is logged with its offset and exact count"
@@ -395,7 +397,11 @@ fn a_segment_cut_at_a_record_boundary_mid_log_is_refused_until_the_loss_is_accep
         .filter_map(|e| e.ok())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".log.dropped"))
         .count();
-    assert_eq!(set_aside, segs.len() - 2, "every later segment is set aside");
+    assert_eq!(
+        set_aside,
+        segs.len() - 2,
+        "every later segment is set aside"
+    );
     server.kill9();
     restart_is_healthy(&data_dir, &ENV);
 }
@@ -421,12 +427,24 @@ fn a_torn_last_write_is_cut_with_a_warning_and_reported_degraded_until_restart()
     let got = receive_batches(server.server_arg());
     assert_eq!(got, (0..BATCHES - 1).collect::<Vec<_>>());
     assert!(
-        !lines_with(&server, &["WARN", "torn WAL tail cut", &format!("at byte {at}"), "1 record(s) dropped"]).is_empty(),
+        !lines_with(
+            &server,
+            &[
+                "WARN",
+                "torn WAL tail cut",
+                &format!("at byte {at}"),
+                "1 record(s) dropped"
+            ]
+        )
+        .is_empty(),
         "the torn tail is logged with its offset and count"
     );
     let (status, body) = healthz(&server);
     assert_eq!(status, 200, "{body}");
-    assert!(body.starts_with("degraded") && body.contains(&format!("at byte {at}")), "{body}");
+    assert!(
+        body.starts_with("degraded") && body.contains(&format!("at byte {at}")),
+        "{body}"
+    );
     server.kill9();
     restart_is_healthy(&data_dir, &ENV);
 }

@@ -194,7 +194,9 @@ fn every_segment_takes_at_most_its_bound_on_disk_and_live_bytes_count_it() {
             let target = segment_bytes * 5 / 2;
             let mut i = 0u64;
             while wal.counters().record_bytes < target {
-                let seq = wal.append(&batch(i, 1 + (i % 37) as usize)).expect("append");
+                let seq = wal
+                    .append(&batch(i, 1 + (i % 37) as usize))
+                    .expect("append");
                 if i % 3 == 0 {
                     wal.wait_durable(seq).await.expect("durable");
                 }

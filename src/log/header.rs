@@ -58,7 +58,9 @@ pub enum HeaderRead {
     Absent,
     Present(SegmentHeader),
     /// The block starts with the magic but no copy is intact.
-    Damaged { reason: String },
+    Damaged {
+        reason: String,
+    },
 }
 
 impl HeaderRead {
@@ -146,7 +148,10 @@ mod tests {
         assert_eq!(read_segment_header(&block), HeaderRead::Present(header));
         let mut first_gone = block.clone();
         first_gone[10] ^= 1;
-        assert_eq!(read_segment_header(&first_gone), HeaderRead::Present(header));
+        assert_eq!(
+            read_segment_header(&first_gone),
+            HeaderRead::Present(header)
+        );
         let mut second_gone = block.clone();
         second_gone[SECOND_COPY_AT + 17] ^= 1;
         assert_eq!(

@@ -30,8 +30,8 @@ use std::path::{Path, PathBuf};
 use super::command::Command;
 use super::header::{read_segment_header, HeaderRead, SegmentHeader, SEGMENT_HEADER_BYTES};
 use super::wal::{
-    decode_frame, find_intact_record, parse_segment_name, DecodeError, Frame, ScanEnd,
-    SegmentMeta, SegmentReader, RECORD_HEADER_BYTES, RECORD_PAYLOAD_MAX,
+    decode_frame, find_intact_record, parse_segment_name, DecodeError, Frame, ScanEnd, SegmentMeta,
+    SegmentReader, RECORD_HEADER_BYTES, RECORD_PAYLOAD_MAX,
 };
 use crate::storage::StoreError;
 use crate::storage::{corrupt, io as dio, io_error};
@@ -312,7 +312,11 @@ pub fn scan_segment(bytes: &[u8], first_seq: u64, is_last: bool) -> Result<Segme
         })
     });
     let inside = ends_inside_record(bytes, reader.end(), last_seq + 1);
-    if let Some(what) = inside.into_iter().chain(short).reduce(|a, b| format!("{a}; {b}")) {
+    if let Some(what) = inside
+        .into_iter()
+        .chain(short)
+        .reduce(|a, b| format!("{a}; {b}"))
+    {
         return Ok(SegmentScan {
             records,
             torn: None,
@@ -364,7 +368,9 @@ pub fn count_records_past(bytes: &[u8], from: usize, next_seq: u64) -> u64 {
         count += 1;
         at += RECORD_HEADER_BYTES + len;
     }
-    let damaged = bytes.get(from..).is_some_and(|rest| rest.iter().any(|&b| b != 0));
+    let damaged = bytes
+        .get(from..)
+        .is_some_and(|rest| rest.iter().any(|&b| b != 0));
     count.max(u64::from(damaged))
 }
 
@@ -447,10 +453,16 @@ pub async fn recover_records(
             }
         }
         let applied_here = replay_segment(&mut state, path, &bytes, &scan, &mut replay).await?;
-        let cut = scan.truncated.as_ref().map(|t| (t.offset, t.what.clone(), TailLoss::TruncationAccepted));
+        let cut = scan
+            .truncated
+            .as_ref()
+            .map(|t| (t.offset, t.what.clone(), TailLoss::TruncationAccepted));
         let cut = cut.or_else(|| scan.torn.clone().map(|(o, r)| (o, r, TailLoss::Torn)));
         if let Some((offset, reason, loss)) = cut {
-            let last_seq = scan.records.last().map_or(first_seq.saturating_sub(1), |r| r.1);
+            let last_seq = scan
+                .records
+                .last()
+                .map_or(first_seq.saturating_sub(1), |r| r.1);
             let mut records_dropped = count_records_past(&bytes, offset, last_seq + 1);
             if loss == TailLoss::TruncationAccepted {
                 records_dropped += set_aside_later(&mut state, &segments[i + 1..], last_seq);
@@ -684,11 +696,16 @@ mod tests {
             assert_eq!(scan.torn, None);
             let t = scan.truncated.expect("a truncation");
             assert_eq!(t.offset, offs[intact]);
-            assert!(t.what.contains(&format!("inside record {}", intact + 1)), "{t:?}");
+            assert!(
+                t.what.contains(&format!("inside record {}", intact + 1)),
+                "{t:?}"
+            );
         }
         // Cut inside a record header (fewer than 16 bytes of it left).
         let scan = scan_segment(&bytes[..offs[3] + 7], 1, false).unwrap();
-        assert!(scan.truncated.is_some_and(|t| t.what.contains("record header")));
+        assert!(scan
+            .truncated
+            .is_some_and(|t| t.what.contains("record header")));
     }
 
     /// `segment(first, n)` with a header saying `written` bytes, records moved after it.
@@ -708,14 +725,23 @@ mod tests {
         let offs = offsets(&bytes, 1);
         assert_eq!(offs[0], SEGMENT_HEADER_BYTES);
         let whole = scan_segment(&bytes, 1, true).unwrap();
-        assert_eq!((whole.records.len(), whole.truncated, whole.torn), (10, None, None));
+        assert_eq!(
+            (whole.records.len(), whole.truncated, whole.torn),
+            (10, None, None)
+        );
         // At a record boundary, in the padding after a write, inside the zeros at the end,
         // inside the header: each leaves records that read cleanly, but the file is short.
-        let ends: Vec<usize> = scan_segment(&bytes, 1, true).unwrap().records.iter()
-            .map(|(o, _)| *o).collect();
+        let ends: Vec<usize> = scan_segment(&bytes, 1, true)
+            .unwrap()
+            .records
+            .iter()
+            .map(|(o, _)| *o)
+            .collect();
         for cut in [ends[5], offs[4] + 1000, bytes.len() - 100, 30, 4096] {
             let scan = scan_segment(&bytes[..cut], 1, true).unwrap();
-            let t = scan.truncated.unwrap_or_else(|| panic!("cut at {cut} must be refused"));
+            let t = scan
+                .truncated
+                .unwrap_or_else(|| panic!("cut at {cut} must be refused"));
             assert!(t.what.contains("header records"), "{t:?}");
         }
     }
@@ -744,7 +770,10 @@ mod tests {
         bytes[512 + 10] ^= 1;
         assert_eq!(scan_segment(&bytes, 1, true).unwrap_err().offset, 0);
         let bytes = with_header(1, 10, None);
-        assert!(scan_segment(&bytes, 2, true).unwrap_err().reason.contains("file name"));
+        assert!(scan_segment(&bytes, 2, true)
+            .unwrap_err()
+            .reason
+            .contains("file name"));
     }
 
     #[test]

@@ -61,7 +61,9 @@ use std::rc::Rc;
 use glommio::io::DmaFile;
 
 use super::command::Command;
-use super::header::{encode_segment_header, read_segment_header, SegmentHeader, SEGMENT_HEADER_BYTES};
+use super::header::{
+    encode_segment_header, read_segment_header, SegmentHeader, SEGMENT_HEADER_BYTES,
+};
 use crate::ops::ratelimit::{monotonic_ms, LogLimit, LOG_INTERVAL_MS};
 use crate::storage::io::{self as dio, WRITE_ALIGN};
 use crate::storage::signal::Signal;
@@ -327,7 +329,9 @@ pub fn find_intact_record(bytes: &[u8], from: usize, after_seq: u64) -> Option<(
 
 /// Whether the next record goes into the pending chunk `last` (same segment, room left).
 fn continues_chunk(last: Option<&Chunk>, segment_first_seq: u64) -> bool {
-    last.is_some_and(|c| c.segment_first_seq == segment_first_seq && c.bytes.len() < CHUNK_BYTES_MAX)
+    last.is_some_and(|c| {
+        c.segment_first_seq == segment_first_seq && c.bytes.len() < CHUNK_BYTES_MAX
+    })
 }
 
 /// How much a record of `record_len` bytes adds to its segment's size on disk: every chunk is
@@ -856,6 +860,16 @@ impl Wal {
         futures_lite::future::or(glommio::timer::sleep(delay), stop).await;
     }
 
+    /// Counts `zeroed` bytes of zero-fill and records that segment `first_seq` now takes
+    /// `file_bytes` on disk (the WAL cap counts it from now on).
+    fn note_zero_fill(&self, first_seq: u64, zeroed: u64, file_bytes: u64) {
+        let mut st = self.state.borrow_mut();
+        st.counters.zero_fill_bytes += zeroed;
+        if let Some(meta) = st.segments.iter_mut().find(|m| m.first_seq == first_seq) {
+            meta.file_bytes = file_bytes;
+        }
+    }
+
     /// Makes the segment ready for a write ending at `end`: zero-fills ahead and syncs that (so
     /// the write is an overwrite and the file's size on disk covers it), syncs the directory
     /// once for a new file, and rewrites the header with the new zero-filled size. The header
@@ -874,17 +888,15 @@ impl Wal {
                 .zeroed_end
                 .max(PREALLOCATE_FIRST_BYTES)
                 .min(self.preallocate_bytes);
-            let target = (seg.zeroed_end + step)
-                .min(self.segment_bytes_max)
-                .max(end);
-            dio::write_zeros(&seg.file, &seg.path, seg.zeroed_end, target - seg.zeroed_end)
-                .await?;
-            let mut st = self.state.borrow_mut();
-            st.counters.zero_fill_bytes += target - seg.zeroed_end;
-            if let Some(meta) = st.segments.iter_mut().find(|m| m.first_seq == seg.first_seq) {
-                meta.file_bytes = target;
-            }
-            drop(st);
+            let target = (seg.zeroed_end + step).min(self.segment_bytes_max).max(end);
+            dio::write_zeros(
+                &seg.file,
+                &seg.path,
+                seg.zeroed_end,
+                target - seg.zeroed_end,
+            )
+            .await?;
+            self.note_zero_fill(seg.first_seq, target - seg.zeroed_end, target);
             seg.zeroed_end = target;
             dio::fdatasync(&seg.file, &seg.path).await?;
             self.state.borrow_mut().counters.fsyncs += 1;

@@ -227,7 +227,10 @@ mod tests {
         let (status, body) = health(&slots);
         assert_eq!(status, 200);
         assert!(body.starts_with("degraded\n"), "{body}");
-        assert!(body.contains("shard 1: degraded: torn WAL tail cut at byte 8192"), "{body}");
+        assert!(
+            body.contains("shard 1: degraded: torn WAL tail cut at byte 8192"),
+            "{body}"
+        );
         torn.problems.push(Problem::UnreadableBlocks(1));
         slots.publish(1, torn);
         let (status, body) = health(&slots);

@@ -261,8 +261,12 @@ impl Problem {
     }
 
     /// Every label, in the order the metric lists them.
-    pub const LABELS: [&'static str; 4] =
-        ["disk_full", "unreadable_blocks", "fenced", "wal_tail_dropped"];
+    pub const LABELS: [&'static str; 4] = [
+        "disk_full",
+        "unreadable_blocks",
+        "fenced",
+        "wal_tail_dropped",
+    ];
 }
 
 impl std::fmt::Display for Problem {
