@@ -164,3 +164,72 @@ fn appends_wait_for_room_once_the_unwritten_bytes_reach_the_buffer_bound() {
         wal.shutdown().await.expect("shutdown");
     });
 }
+
+/// Bytes a file takes on disk (allocated blocks, not its length).
+fn disk_bytes(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).expect("stat").blocks() * 512
+}
+
+/// Regression (issue 25): a closed 64 MiB segment took 72 MiB (the last zero-fill step ran a
+/// whole preallocation step past the bound) and segments of 8 MiB or less took twice their
+/// size. Every segment now takes at most its bound on disk, whatever the bound and the
+/// preallocation step, and the log's own count covers what the files take.
+#[test]
+fn every_segment_takes_at_most_its_bound_on_disk_and_live_bytes_count_it() {
+    for (segment_bytes, preallocate) in [
+        (64u64 << 10, 8u64 << 20),
+        (1 << 20, 8 << 20),
+        (4 << 20, 1 << 20),
+        (8 << 20, 8 << 20),
+        (12 << 20, 8 << 20),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().to_path_buf();
+        run(move || async move {
+            dio::probe_disk(&path).await.expect("probe");
+            let wal = Rc::new(Wal::new(&path, 1, Vec::new(), segment_bytes, preallocate));
+            wal.start();
+            // About 2.5 segments of records, in commits of varied size.
+            let target = segment_bytes * 5 / 2;
+            let mut i = 0u64;
+            while wal.counters().record_bytes < target {
+                let seq = wal
+                    .append(&batch(i, 1 + (i % 37) as usize))
+                    .expect("append");
+                if i % 3 == 0 {
+                    wal.wait_durable(seq).await.expect("durable");
+                }
+                i += 1;
+            }
+            wal.sync_all().await.expect("sync");
+            let counted = wal.live_bytes();
+            wal.shutdown().await.expect("shutdown");
+            let files: Vec<_> = std::fs::read_dir(&path)
+                .expect("list")
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                .collect();
+            assert!(files.len() >= 3, "{} segments", files.len());
+            let mut on_disk = 0;
+            for file in &files {
+                let used = disk_bytes(file);
+                on_disk += used;
+                assert!(
+                    used <= segment_bytes,
+                    "segment bound {segment_bytes}, preallocation {preallocate}: {} takes {used}",
+                    file.display()
+                );
+                let bytes = std::fs::read(file).expect("read");
+                assert!(matches!(
+                    pinq::log::header::read_segment_header(&bytes),
+                    pinq::log::header::HeaderRead::Present(h) if h.written_bytes == bytes.len() as u64
+                ));
+            }
+            assert!(
+                on_disk <= counted,
+                "segment bound {segment_bytes}: files take {on_disk}, the log counts {counted}"
+            );
+        });
+    }
+}

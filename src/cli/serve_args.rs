@@ -75,6 +75,12 @@ pub struct ServeArgs {
     /// [default: --listen].
     #[arg(long, value_name = "ADDR")]
     pub advertise: Option<String>,
+
+    /// Start even if a WAL segment is shorter than it was written (a truncated file): cut the
+    /// log there and drop every record after it, logging how many. Without it such a start is
+    /// refused. For this start only; there is no config key.
+    #[arg(long)]
+    pub recover_truncated_wal: bool,
 }
 
 impl ServeArgs {
@@ -88,7 +94,9 @@ impl ServeArgs {
     {
         let mut loader = ConfigLoader::new();
         self.layer_onto(&mut loader, env)?;
-        loader.build()
+        let mut config = loader.build()?;
+        config.storage.recover_truncated_wal = self.recover_truncated_wal;
+        Ok(config)
     }
 
     /// Adds the file, the environment and the flags to `loader`, in that order.

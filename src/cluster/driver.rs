@@ -148,6 +148,11 @@ impl ReplicatedStore {
         let segment_bytes_max = options.wal_segment_bytes_max;
         let preallocate_bytes = options.wal_preallocate_bytes;
         let wal_bytes_max = options.wal_bytes_max;
+        // Accepting a truncated log here drops entries this replica acknowledged to its
+        // leader: only an operator's explicit flag does it (README "WAL recovery").
+        let policy = recovery::RecoveryPolicy {
+            accept_truncation: options.recover_truncated_wal,
+        };
         let Opened {
             engine,
             applied_index,
@@ -155,7 +160,7 @@ impl ReplicatedStore {
         } = Engine::open_with(dir, options, LsmEnv::default()).await?;
         let mut raft_log = RaftLog::new(config.replica.voters.clone());
         let mut record_index = VecDeque::new();
-        let mut log = recovery::recover_records(engine.dir(), 0, |seq, payload| {
+        let mut log = recovery::recover_records(engine.dir(), 0, policy, |seq, payload| {
             let record = RaftRecord::decode(payload).map_err(|e| {
                 format!(
                     "{e} (a data directory written by a standalone broker cannot join a cluster)"

@@ -341,6 +341,14 @@ pub struct StorageConfig {
     pub memtable_bytes_max: usize,
     /// `storage.walSegmentBytes`: a WAL segment file is closed and a new one started at this size.
     pub wal_segment_bytes_max: u64,
+    /// `storage.walMaxBytes`: disk a shard's WAL may take (headers, padding and preallocated
+    /// zeros included). At this size the memtable is frozen so its segments can be released,
+    /// and appends wait while a flush that will release them runs. Default: 256 MiB or four
+    /// memtables, whichever is larger.
+    pub wal_bytes_max: u64,
+    /// `pinq serve --recover-truncated-wal` (a flag only, never a config key: it accepts a loss
+    /// once): a WAL segment shorter than it was written is cut there instead of refused.
+    pub recover_truncated_wal: bool,
 }
 
 impl Default for StorageConfig {
@@ -349,6 +357,8 @@ impl Default for StorageConfig {
             engine: StorageEngine::Lsm,
             memtable_bytes_max: 64 << 20,
             wal_segment_bytes_max: 64 << 20,
+            wal_bytes_max: 256 << 20,
+            recover_truncated_wal: false,
         }
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod command;
 pub mod copies;
+pub mod header;
 pub mod recovery;
 pub mod sequences;
 pub mod wal;

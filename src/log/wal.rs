@@ -16,12 +16,24 @@
 //! records that were never acknowledged; a zero header means "padding, skip to the next aligned
 //! block".
 //!
+//! Segment layout: a header block ([`super::header`], [`SEGMENT_HEADER_BYTES`]) recording how
+//! far the file was zero-filled, then the records. Segments of the older format (no header,
+//! records from byte 0) are still read.
+//!
 //! Preallocation: the writer zero-fills a segment ahead of its write position in doubling steps
-//! (256 KiB up to `wal_preallocate_bytes`) and fdatasyncs that (with the directory for a new
-//! file) before records land there, so a commit's fdatasync overwrites blocks instead of growing
-//! the file through the filesystem journal (≈ 0.16 ms against ≈ 4 ms here). The zeros read as
-//! padding: a segment whose records end in a zero-filled tail scans as [`ScanEnd::Clean`], so
-//! recovery neither warns nor truncates it.
+//! (256 KiB up to `wal_preallocate_bytes`, never past `segment_bytes_max`) and fdatasyncs that
+//! (with the directory for a new file) before records land there, so a commit's fdatasync
+//! overwrites blocks instead of growing the file through the filesystem journal (≈ 0.16 ms
+//! against ≈ 4 ms here). Then it rewrites the header with the new zero-filled size, in the same
+//! fdatasync as the records that follow. So the file on disk is never shorter than any write
+//! made to it, and its header says how long it must be: recovery tells a file cut short from a
+//! torn write by that (`super::recovery`). The zeros read as padding: a segment whose records
+//! end in a zero-filled tail scans as [`ScanEnd::Clean`], so recovery neither warns nor cuts it.
+//!
+//! Disk use: a segment's records (padded writes) never take it past `segment_bytes_max` (the
+//! record that would starts the next segment), and the zero-fill stops there too, so a segment
+//! takes at most `segment_bytes_max` on disk (one record larger than that gets a segment of its
+//! own). [`Wal::live_bytes`] counts the zero-filled size, which is what the WAL cap bounds.
 //!
 //! Group commit: [`Wal::append`] encodes a record into the pending buffer at once (no I/O) and
 //! wakes the writer task; while the writer's write + fdatasync is in flight, later records pile up
@@ -49,6 +61,9 @@ use std::rc::Rc;
 use glommio::io::DmaFile;
 
 use super::command::Command;
+use super::header::{
+    encode_segment_header, read_segment_header, SegmentHeader, SEGMENT_HEADER_BYTES,
+};
 use crate::ops::ratelimit::{monotonic_ms, LogLimit, LOG_INTERVAL_MS};
 use crate::storage::io::{self as dio, WRITE_ALIGN};
 use crate::storage::signal::Signal;
@@ -198,10 +213,17 @@ pub struct SegmentReader<'a> {
 }
 
 impl<'a> SegmentReader<'a> {
+    /// A reader of a whole segment: starts after its header (see [`super::header`]), or at
+    /// byte 0 for a segment without one.
     pub fn new(bytes: &'a [u8]) -> SegmentReader<'a> {
+        SegmentReader::starting_at(bytes, read_segment_header(bytes).records_start())
+    }
+
+    /// A reader that starts at byte `pos` (a multiple of [`WRITE_ALIGN`]).
+    pub fn starting_at(bytes: &'a [u8], pos: usize) -> SegmentReader<'a> {
         SegmentReader {
             bytes,
-            pos: 0,
+            pos: pos.min(bytes.len()),
             end: None,
         }
     }
@@ -305,6 +327,26 @@ pub fn find_intact_record(bytes: &[u8], from: usize, after_seq: u64) -> Option<(
     None
 }
 
+/// Whether the next record goes into the pending chunk `last` (same segment, room left).
+fn continues_chunk(last: Option<&Chunk>, segment_first_seq: u64) -> bool {
+    last.is_some_and(|c| {
+        c.segment_first_seq == segment_first_seq && c.bytes.len() < CHUNK_BYTES_MAX
+    })
+}
+
+/// How much a record of `record_len` bytes adds to its segment's size on disk: every chunk is
+/// written padded to [`WRITE_ALIGN`], so a segment's size is the sum of its chunks' padded
+/// lengths. Pure.
+fn growth_of(last: Option<&Chunk>, segment_first_seq: u64, record_len: usize) -> u64 {
+    let align = |n: usize| dio::align_up(n) as u64;
+    match last {
+        Some(c) if continues_chunk(Some(c), segment_first_seq) => {
+            align(c.bytes.len() + record_len) - align(c.bytes.len())
+        }
+        _ => align(record_len),
+    }
+}
+
 /// File name of the segment whose first record has sequence number `first_seq`.
 pub fn segment_name(first_seq: u64) -> String {
     format!("wal-{first_seq:020}.log")
@@ -353,6 +395,8 @@ struct OpenSegment {
     /// Bytes at the start of the file already written with zeros (or records): writes below
     /// this are overwrites, whose fdatasync needs no journal commit.
     zeroed_end: u64,
+    /// The `written_bytes` the header on the file says (0: no header written yet).
+    header_says: u64,
     /// The directory was synced since the file was created (its name survives a crash).
     named: bool,
 }
@@ -362,9 +406,19 @@ struct OpenSegment {
 pub struct SegmentMeta {
     pub first_seq: u64,
     pub path: PathBuf,
-    /// Bytes it takes on disk: records appended plus the padding of the writes that carried
-    /// them (segment rollover and the WAL cap count these, not just record bytes).
+    /// Bytes its records take once written: the header block, records appended, and the
+    /// padding of the writes that carry them (rollover counts these, not just record bytes).
     pub bytes: u64,
+    /// Bytes the file takes on disk: its zero-filled (preallocated) size, which runs ahead of
+    /// `bytes`. The WAL cap counts the larger of the two (see [`Wal::live_bytes`]).
+    pub file_bytes: u64,
+}
+
+impl SegmentMeta {
+    /// What the segment takes on disk now, or will once its pending records are written.
+    pub fn disk_bytes(&self) -> u64 {
+        self.bytes.max(self.file_bytes)
+    }
 }
 
 /// Counters of the log, read by the engine's stats.
@@ -431,7 +485,8 @@ impl Wal {
         let align = WRITE_ALIGN as u64;
         Wal {
             dir: dir.to_path_buf(),
-            segment_bytes_max: segment_bytes_max.max(align),
+            segment_bytes_max: (segment_bytes_max.div_ceil(align) * align)
+                .max(SEGMENT_HEADER_BYTES as u64 + align),
             preallocate_bytes: preallocate_bytes.div_ceil(align) * align,
             state: RefCell::new(WalState {
                 next_seq,
@@ -527,27 +582,42 @@ impl Wal {
 
     fn append_with(&self, command: &impl Payload, units: u64) -> Result<u64, StoreError> {
         self.check()?;
+        let record_len = RECORD_HEADER_BYTES + command.encoded_len();
+        if command.encoded_len() > RECORD_PAYLOAD_MAX {
+            return Err(io_error(
+                &self.dir,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    EncodeError::CommandTooLarge {
+                        len: command.encoded_len(),
+                    }
+                    .to_string(),
+                ),
+            ));
+        }
         let mut st = self.state.borrow_mut();
         let seq = st.next_seq;
         let need_roll = st.roll_requested
-            || st
-                .segments
-                .back()
-                .is_none_or(|s| s.bytes >= self.segment_bytes_max);
+            || st.segments.back().is_none_or(|s| {
+                // A segment holding a record never grows past its bound: the record that would
+                // take it there starts the next one (a record larger than a whole segment gets
+                // one to itself).
+                s.bytes > SEGMENT_HEADER_BYTES as u64
+                    && s.bytes + growth_of(st.pending.back(), s.first_seq, record_len)
+                        > self.segment_bytes_max
+            });
         if need_roll {
             st.roll_requested = false;
             st.segments.push_back(SegmentMeta {
                 first_seq: seq,
                 path: self.dir.join(segment_name(seq)),
-                bytes: 0,
+                bytes: SEGMENT_HEADER_BYTES as u64,
+                file_bytes: 0,
             });
         }
         let segment_first_seq = st.segments.back().map_or(seq, |s| s.first_seq);
-        let start_chunk = match st.pending.back() {
-            Some(c) => c.segment_first_seq != segment_first_seq || c.bytes.len() >= CHUNK_BYTES_MAX,
-            None => true,
-        };
-        if start_chunk {
+        let growth = growth_of(st.pending.back(), segment_first_seq, record_len);
+        if !continues_chunk(st.pending.back(), segment_first_seq) {
             st.pending.push_back(Chunk {
                 segment_first_seq,
                 bytes: Vec::with_capacity(64 * 1024),
@@ -571,7 +641,7 @@ impl Wal {
         st.counters.records += 1;
         st.counters.record_bytes += len as u64;
         if let Some(seg) = st.segments.back_mut() {
-            seg.bytes += len as u64;
+            seg.bytes += growth;
         }
         drop(st);
         self.appended.notify();
@@ -623,9 +693,15 @@ impl Wal {
         self.wait_durable(last).await
     }
 
-    /// Bytes of live segments, padding included: what recovery would read.
+    /// Bytes the live segments take on disk: headers, records, padding, and the zeros
+    /// preallocated ahead of the records. The WAL cap (`storage.walMaxBytes`) counts these.
     pub fn live_bytes(&self) -> u64 {
-        self.state.borrow().segments.iter().map(|s| s.bytes).sum()
+        self.state
+            .borrow()
+            .segments
+            .iter()
+            .map(SegmentMeta::disk_bytes)
+            .sum()
     }
 
     pub fn live_segments(&self) -> usize {
@@ -784,6 +860,64 @@ impl Wal {
         futures_lite::future::or(glommio::timer::sleep(delay), stop).await;
     }
 
+    /// Counts `zeroed` bytes of zero-fill and records that segment `first_seq` now takes
+    /// `file_bytes` on disk (the WAL cap counts it from now on).
+    fn note_zero_fill(&self, first_seq: u64, zeroed: u64, file_bytes: u64) {
+        let mut st = self.state.borrow_mut();
+        st.counters.zero_fill_bytes += zeroed;
+        if let Some(meta) = st.segments.iter_mut().find(|m| m.first_seq == first_seq) {
+            meta.file_bytes = file_bytes;
+        }
+    }
+
+    /// Makes the segment ready for a write ending at `end`: zero-fills ahead and syncs that (so
+    /// the write is an overwrite and the file's size on disk covers it), syncs the directory
+    /// once for a new file, and rewrites the header with the new zero-filled size. The header
+    /// write reaches the disk with the write that follows it, in the same fdatasync; it is
+    /// issued only after the zeros it describes are synced, so the header never claims more
+    /// than the file holds (see [`super::header`]).
+    async fn prepare_room(&self, seg: &mut OpenSegment, end: u64) -> Result<(), StoreError> {
+        if end > seg.zeroed_end {
+            // Each step doubles the zeroed size, up to `preallocate_bytes`: a segment that a
+            // flush rolls early wastes at most as many zeros as it holds records (plus one
+            // first step), instead of a whole step per segment. Never past the segment's bound
+            // (rollover keeps records within it), so a segment takes at most
+            // `segment_bytes_max` on disk. All are multiples of WRITE_ALIGN; a
+            // `preallocate_bytes` of 0 zero-fills exactly what the write needs.
+            let step = seg
+                .zeroed_end
+                .max(PREALLOCATE_FIRST_BYTES)
+                .min(self.preallocate_bytes);
+            let target = (seg.zeroed_end + step).min(self.segment_bytes_max).max(end);
+            dio::write_zeros(
+                &seg.file,
+                &seg.path,
+                seg.zeroed_end,
+                target - seg.zeroed_end,
+            )
+            .await?;
+            self.note_zero_fill(seg.first_seq, target - seg.zeroed_end, target);
+            seg.zeroed_end = target;
+            dio::fdatasync(&seg.file, &seg.path).await?;
+            self.state.borrow_mut().counters.fsyncs += 1;
+        }
+        if !seg.named {
+            // The new name must survive a crash before any record in it is acknowledged (a
+            // retry after a failure above syncs it then).
+            dio::sync_dir(&self.dir).await?;
+            seg.named = true;
+        }
+        if seg.header_says != seg.zeroed_end {
+            let header = encode_segment_header(&SegmentHeader {
+                first_seq: seg.first_seq,
+                written_bytes: seg.zeroed_end,
+            });
+            dio::write_padded(&seg.file, &seg.path, 0, &header).await?;
+            seg.header_says = seg.zeroed_end;
+        }
+        Ok(())
+    }
+
     /// Writes chunks in order, fsyncing a segment before moving to the next, then fsyncs the
     /// last one: one fdatasync per call in the common case.
     ///
@@ -814,56 +948,21 @@ impl Wal {
                     first_seq: chunk.segment_first_seq,
                     file,
                     path,
-                    pos: 0,
+                    pos: SEGMENT_HEADER_BYTES as u64,
                     zeroed_end: 0,
+                    header_says: 0,
                     named: false,
                 });
             }
             if let Some(seg) = current.as_mut() {
                 let padded = dio::align_up(chunk.bytes.len().max(1)) as u64;
-                if seg.pos + padded > seg.zeroed_end {
-                    // Each step doubles the zeroed size, up to `preallocate_bytes`: a segment
-                    // that a flush rolls early wastes at most as many zeros as it holds records
-                    // (plus one first step), instead of a whole step per segment.
-                    // All three are multiples of WRITE_ALIGN; 0 turns preallocation off.
-                    let step = seg
-                        .zeroed_end
-                        .max(PREALLOCATE_FIRST_BYTES)
-                        .min(self.preallocate_bytes);
-                    let target = (seg.pos + padded).max(seg.zeroed_end + step);
-                    dio::write_zeros(
-                        &seg.file,
-                        &seg.path,
-                        seg.zeroed_end,
-                        target - seg.zeroed_end,
-                    )
-                    .await?;
-                    self.state.borrow_mut().counters.zero_fill_bytes += target - seg.zeroed_end;
-                    seg.zeroed_end = target;
-                    dio::fdatasync(&seg.file, &seg.path).await?;
-                    self.state.borrow_mut().counters.fsyncs += 1;
-                }
-                if !seg.named {
-                    // The new name must survive a crash before any record in it is
-                    // acknowledged (a retry after a failure above syncs it then).
-                    dio::sync_dir(&self.dir).await?;
-                    seg.named = true;
-                }
+                self.prepare_room(seg, seg.pos + padded).await?;
                 let written =
                     dio::write_padded(&seg.file, &seg.path, seg.pos, &chunk.bytes).await?;
                 seg.pos += written as u64;
                 let mut st = self.state.borrow_mut();
                 st.counters.bytes_written += written as u64;
                 st.counters.writes += 1;
-                // The segment's size counts what reached the disk: the padding too.
-                let padding = (written - chunk.bytes.len()) as u64;
-                if let Some(meta) = st
-                    .segments
-                    .iter_mut()
-                    .find(|m| m.first_seq == chunk.segment_first_seq)
-                {
-                    meta.bytes += padding;
-                }
             }
             chunks.pop_front();
         }

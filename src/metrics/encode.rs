@@ -456,19 +456,19 @@ fn encode_health(
     }
     let mut family = encoder.encode_descriptor(
         "pinq_shard_healthy",
-        "1 while the shard serves without problems, 0 otherwise (see pinq_shard_problem and /healthz).",
+        "1 while the shard serves (/healthz 200, perhaps degraded), 0 otherwise (see pinq_shard_problem and /healthz).",
         None,
         MetricType::Gauge,
     )?;
     for (shard, snap) in shards {
-        let healthy = u64::from(snap.problems.is_empty());
+        let healthy = u64::from(snap.problems.iter().all(Problem::is_degraded_only));
         family
             .encode_family(&[("shard", shard.as_str())])?
             .encode_gauge(&healthy)?;
     }
     let mut family = encoder.encode_descriptor(
         "pinq_shard_problem",
-        "1 for each problem a shard has now: disk_full (writes refused until space returns), unreadable_blocks (corrupt table blocks skipped), fenced.",
+        "1 for each problem a shard has now: disk_full (writes refused until space returns), unreadable_blocks (corrupt table blocks skipped), fenced, wal_tail_dropped (start-up dropped WAL records; serving, degraded until restart).",
         None,
         MetricType::Gauge,
     )?;

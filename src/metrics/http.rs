@@ -2,10 +2,12 @@
 //! one plain OS thread with `tiny_http`, off every shard's core and hot path.
 //!
 //! `/metrics` renders the shards' latest snapshots (`encode.rs`). `/healthz` answers `503 starting`
-//! until every shard listens, `200 ok` while every shard serves, `503 unhealthy` with one line
-//! per unhealthy shard naming why (disk full, unreadable blocks, fenced, stalled) and
-//! `503 shutting down` once a shutdown has begun, so a load balancer sends clients only to a
-//! broker that takes them.
+//! until every shard listens, `200 ok` while every shard serves, `200 degraded` with one line
+//! per degraded shard while every shard serves but one dropped WAL records at start-up (a torn
+//! last write, or an accepted truncation: reported until the next restart), `503 unhealthy`
+//! with one line per unhealthy shard naming why (disk full, unreadable blocks, fenced, stalled)
+//! and `503 shutting down` once a shutdown has begun, so a load balancer sends clients only to
+//! a broker that takes them, and an operator sees what a restart lost.
 //! Anything else is a 404.
 
 use std::net::SocketAddr;
@@ -40,9 +42,35 @@ fn leadership(slots: &MetricsSlots) -> String {
     }
 }
 
-/// `None` while every shard is healthy; otherwise one line per unhealthy shard naming why.
-/// A shard is unhealthy when its last snapshot names a problem, or is older than
-/// [`STALLED_AFTER`] (the shard stopped running its tasks), or is missing after start-up.
+/// What `/healthz` answers while the broker serves: `(status, body)`.
+pub fn health(slots: &MetricsSlots) -> (u16, String) {
+    if let Some(body) = unhealthy(slots) {
+        return (503, body);
+    }
+    let degraded: Vec<String> = slots
+        .read_aged()
+        .into_iter()
+        .enumerate()
+        .flat_map(|(shard, slot)| {
+            let problems = slot.map(|(_, snap)| snap.problems).unwrap_or_default();
+            problems
+                .into_iter()
+                .map(move |p| format!("shard {shard}: {p}"))
+        })
+        .collect();
+    if degraded.is_empty() {
+        return (200, format!("ok{}\n", leadership(slots)));
+    }
+    (
+        200,
+        format!("degraded{}\n{}\n", leadership(slots), degraded.join("\n")),
+    )
+}
+
+/// `None` while every shard serves; otherwise one line per unhealthy shard naming why.
+/// A shard is unhealthy when its last snapshot names a problem that stops it serving, or is
+/// older than [`STALLED_AFTER`] (the shard stopped running its tasks), or is missing after
+/// start-up.
 pub fn unhealthy(slots: &MetricsSlots) -> Option<String> {
     let mut lines = Vec::new();
     for (shard, slot) in slots.read_aged().into_iter().enumerate() {
@@ -53,7 +81,7 @@ pub fn unhealthy(slots: &MetricsSlots) -> Option<String> {
                 age.as_secs_f64()
             )),
             Some((_, snap)) => {
-                for problem in &snap.problems {
+                for problem in snap.problems.iter().filter(|p| !p.is_degraded_only()) {
                     lines.push(format!("shard {shard}: {problem}"));
                 }
             }
@@ -134,10 +162,8 @@ fn serve(
                 } else if !serving.load(Ordering::Relaxed) {
                     text(503, "starting\n".into(), "text/plain")
                 } else {
-                    match unhealthy(slots) {
-                        None => text(200, format!("ok{}\n", leadership(slots)), "text/plain"),
-                        Some(body) => text(503, body, "text/plain"),
-                    }
+                    let (status, body) = health(slots);
+                    text(status, body, "text/plain")
                 }
             }
             _ => text(
@@ -186,5 +212,31 @@ mod tests {
             "{body}"
         );
         assert!(!body.contains("shard 0"), "{body}");
+    }
+
+    #[test]
+    fn dropped_wal_records_make_a_serving_broker_degraded_not_unhealthy() {
+        let slots = MetricsSlots::new(2);
+        slots.publish(0, ShardSnapshot::default());
+        let mut torn = ShardSnapshot::default();
+        torn.problems.push(Problem::WalTailDropped(
+            "torn WAL tail cut at byte 8192 of wal-1.log: 2 record(s) dropped".into(),
+        ));
+        slots.publish(1, torn.clone());
+        assert_eq!(unhealthy(&slots), None);
+        let (status, body) = health(&slots);
+        assert_eq!(status, 200);
+        assert!(body.starts_with("degraded\n"), "{body}");
+        assert!(
+            body.contains("shard 1: degraded: torn WAL tail cut at byte 8192"),
+            "{body}"
+        );
+        torn.problems.push(Problem::UnreadableBlocks(1));
+        slots.publish(1, torn);
+        let (status, body) = health(&slots);
+        assert_eq!(status, 503, "{body}");
+        assert!(!body.contains("torn WAL"), "{body}");
+        slots.publish(1, ShardSnapshot::default());
+        assert_eq!(health(&slots), (200, "ok\n".to_string()));
     }
 }

@@ -237,6 +237,10 @@ pub enum Problem {
     UnreadableBlocks(u64),
     /// The shard does not accept work (the text says why).
     Fenced(String),
+    /// Start-up dropped WAL records (a torn last write, or a truncation the operator accepted):
+    /// the text names the file, byte offset and count. The shard serves: degraded, not
+    /// unhealthy, until the next restart.
+    WalTailDropped(String),
 }
 
 impl Problem {
@@ -246,11 +250,23 @@ impl Problem {
             Problem::DiskFull(_) => "disk_full",
             Problem::UnreadableBlocks(_) => "unreadable_blocks",
             Problem::Fenced(_) => "fenced",
+            Problem::WalTailDropped(_) => "wal_tail_dropped",
         }
     }
 
+    /// Whether the shard still serves everything with this problem: `/healthz` then answers
+    /// 200 `degraded` instead of 503.
+    pub fn is_degraded_only(&self) -> bool {
+        matches!(self, Problem::WalTailDropped(_))
+    }
+
     /// Every label, in the order the metric lists them.
-    pub const LABELS: [&'static str; 3] = ["disk_full", "unreadable_blocks", "fenced"];
+    pub const LABELS: [&'static str; 4] = [
+        "disk_full",
+        "unreadable_blocks",
+        "fenced",
+        "wal_tail_dropped",
+    ];
 }
 
 impl std::fmt::Display for Problem {
@@ -264,6 +280,9 @@ impl std::fmt::Display for Problem {
                 "{n} unreadable table block(s) skipped (see pinq doctor --data-dir)"
             ),
             Problem::Fenced(why) => write!(f, "fenced: {why}"),
+            Problem::WalTailDropped(what) => {
+                write!(f, "degraded: {what} (reported until the next restart)")
+            }
         }
     }
 }

@@ -591,9 +591,9 @@ impl BrokerImpl {
             let parts =
                 ValidatedBatch::split(&messages, ack, &self.topology.publish, self.shard.count)
                     .map_err(publish_refused)?;
-            let bytes = messages
-                .iter()
-                .fold(0usize, |sum, m| sum.saturating_add(m.counted_bytes()));
+            let bytes = messages.iter().fold(0usize, |sum, m| {
+                sum.saturating_add(limits::publish_charge_bytes(m.counted_bytes()))
+            });
             (parts, messages.len(), bytes)
         };
         if let Some(hint) = parts.iter().find_map(|p| self.not_led_here(p.shard)) {

@@ -1139,6 +1139,9 @@ impl Shard {
         if health.unreadable_blocks > 0 {
             problems.push(Problem::UnreadableBlocks(health.unreadable_blocks));
         }
+        if let Some(what) = health.wal_tail_dropped {
+            problems.push(Problem::WalTailDropped(what));
+        }
         if self.serving.get() && !self.may_dispatch() {
             problems.push(Problem::Fenced(
                 "leads its shard but has not heard from a quorum within the lease: delivers nothing".into(),

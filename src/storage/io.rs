@@ -352,6 +352,30 @@ pub fn truncate_blocking(path: &Path, len: u64) -> Result<(), StoreError> {
     file.sync_all().map_err(|e| io_error(path, e))
 }
 
+/// Writes `bytes` at `pos` of an existing file and syncs it, with std I/O (recovery rewriting a
+/// WAL segment's header before it cuts the segment).
+pub fn write_at_blocking(path: &Path, pos: u64, bytes: &[u8]) -> Result<(), StoreError> {
+    use std::os::unix::fs::FileExt as _;
+    admit(Op::Write {
+        path,
+        pos,
+        len: bytes.len(),
+    })?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| io_error(path, e))?;
+    file.write_all_at(bytes, pos)
+        .map_err(|e| io_error(path, e))?;
+    file.sync_data().map_err(|e| io_error(path, e))
+}
+
+/// Renames a file with std I/O (recovery); durable once the directory is synced.
+pub fn rename_blocking(from: &Path, to: &Path) -> Result<(), StoreError> {
+    admit(Op::Rename { from, to })?;
+    std::fs::rename(from, to).map_err(|e| io_error(from, e))
+}
+
 /// Streams bytes into a new file with aligned DMA writes of `chunk_bytes`, then seals it:
 /// pads the last chunk, truncates to the logical length, fdatasyncs and closes.
 pub struct DmaWriter {

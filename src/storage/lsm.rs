@@ -19,9 +19,12 @@
 //! The first write that succeeds clears it. Any other I/O error still fails the store for good.
 //!
 //! Reclaim: when a flush commits, the log drops the segments the tables now cover (a small task
-//! waits on the engine's flush signal). The log-size cap (`wal_bytes_max`, padding included)
-//! freezes the memtable even when it is not full, so publish/ACK pairs that annihilate cannot
-//! grow the log without bound.
+//! waits on the engine's flush signal). The log-size cap (`wal_bytes_max`, `storage.walMaxBytes`:
+//! what the segments take on disk, headers, padding and preallocated zeros included) freezes
+//! the memtable even when it is not full, so publish/ACK pairs that annihilate cannot grow the
+//! log without bound; and while the log is at the cap with a flush pending, commits wait for
+//! that flush to release segments before they append, so the cap is a bound on disk use, not a
+//! trigger that load can outrun.
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -30,6 +33,7 @@ use std::rc::Rc;
 use super::engine::{Engine, LsmEnv, LsmStats, Opened};
 use super::io as dio;
 use super::options::LsmOptions;
+use super::signal::Signal;
 use crate::key::Key;
 use crate::log::{recovery, Command, Log, Wal};
 use crate::message::Value;
@@ -42,6 +46,8 @@ pub struct LsmStore {
     engine: Rc<Engine>,
     wal: Rc<Wal>,
     wal_bytes_max: u64,
+    /// Notified each time the reclaimer has released what a flush covers (or stopped).
+    reclaimed: Rc<Signal>,
     reclaimer: RefCell<Option<glommio::task::JoinHandle<()>>>,
 }
 
@@ -61,6 +67,9 @@ impl LsmStore {
         let segment_bytes_max = options.wal_segment_bytes_max;
         let preallocate_bytes = options.wal_preallocate_bytes;
         let wal_bytes_max = options.wal_bytes_max;
+        let policy = recovery::RecoveryPolicy {
+            accept_truncation: options.recover_truncated_wal,
+        };
         let retry = (
             options.disk_full_retry_first_ms,
             options.disk_full_retry_max_ms,
@@ -70,10 +79,11 @@ impl LsmStore {
             applied_index,
             orphans,
         } = Engine::open_with(dir, options, env).await?;
-        let mut log = recovery::recover(engine.dir(), applied_index, |index, command| {
-            engine.apply(index, &command);
-        })
-        .await?;
+        let mut log =
+            recovery::recover_with(engine.dir(), applied_index, policy, |index, command| {
+                engine.apply(index, &command);
+            })
+            .await?;
         // Everything was read without error: only now may files change.
         engine.remove_orphans(&orphans)?;
         log.finish(engine.dir())?;
@@ -89,11 +99,18 @@ impl LsmStore {
         wal.start();
         engine.start()?;
         let engine = Rc::new(engine);
-        let reclaimer = glommio::spawn_local(reclaim(Rc::clone(&engine), Rc::clone(&wal))).detach();
+        let reclaimed = Rc::new(Signal::default());
+        let reclaimer = glommio::spawn_local(reclaim(
+            Rc::clone(&engine),
+            Rc::clone(&wal),
+            Rc::clone(&reclaimed),
+        ))
+        .detach();
         Ok(LsmStore {
             engine,
             wal,
             wal_bytes_max,
+            reclaimed,
             reclaimer: RefCell::new(Some(reclaimer)),
         })
     }
@@ -114,6 +131,7 @@ impl LsmStore {
             }
             return Ok(last);
         }
+        self.wait_for_log_room().await?;
         let index = self.wal.propose(command).await?;
         let froze = self.engine.apply(index, command);
         let over_cap = self.engine.nothing_frozen() && self.wal.live_bytes() >= self.wal_bytes_max;
@@ -127,6 +145,28 @@ impl LsmStore {
             Log::wait_durable(&*self.wal, index).await?;
         }
         Ok(index)
+    }
+
+    /// Makes the WAL cap a bound (see the module docs): while the log takes `wal_bytes_max` on
+    /// disk, freezes the memtable (and rolls the log) so a flush will release segments, and
+    /// waits for that release. With nothing to freeze (an empty memtable) there is nothing to
+    /// release either: the append goes ahead rather than wait forever.
+    async fn wait_for_log_room(&self) -> Result<(), StoreError> {
+        loop {
+            if self.wal.live_bytes() < self.wal_bytes_max {
+                return Ok(());
+            }
+            if self.engine.nothing_frozen() {
+                if !self.engine.freeze() {
+                    return Ok(());
+                }
+                self.wal.roll();
+            }
+            let released = self.reclaimed.wait();
+            self.engine.check_writable()?;
+            self.wal.check()?;
+            released.await;
+        }
     }
 
     /// Freezes the active memtable (if it holds anything) and waits until every frozen memtable
@@ -171,6 +211,8 @@ impl LsmStore {
         if let Some(task) = self.reclaimer.borrow_mut().take() {
             task.cancel();
         }
+        // Writers waiting for room in the log find the store closed.
+        self.reclaimed.notify();
         for path in covered {
             dio::remove(&path).await?;
         }
@@ -230,11 +272,13 @@ pub(crate) fn stats_of(engine: &Engine, wal: &Wal) -> LsmStats {
     }
 }
 
-/// Drops the log segments the tables cover, after every flush.
-async fn reclaim(engine: Rc<Engine>, wal: Rc<Wal>) {
+/// Drops the log segments the tables cover, after every flush, and tells writers waiting for
+/// room in the log (also when it stops: they then find the engine closed or failed).
+async fn reclaim(engine: Rc<Engine>, wal: Rc<Wal>, reclaimed: Rc<Signal>) {
     loop {
         engine.flushed().await;
         if engine.check_writable().is_err() {
+            reclaimed.notify();
             return;
         }
         for path in wal.compact_through(engine.flushed_index()) {
@@ -242,6 +286,7 @@ async fn reclaim(engine: Rc<Engine>, wal: Rc<Wal>) {
                 tracing::warn!(file = %path.display(), error = %e, "could not remove a WAL segment the tables cover; the next start will");
             }
         }
+        reclaimed.notify();
     }
 }
 

@@ -92,6 +92,9 @@ pub struct LsmOptions {
     /// up to [`LsmOptions::disk_full_retry_max_ms`] (see [`retry_delay_ms`]).
     pub disk_full_retry_first_ms: u64,
     pub disk_full_retry_max_ms: u64,
+    /// Open a log with a segment shorter than it was written by cutting it there and dropping
+    /// what follows, instead of refusing (`pinq serve --recover-truncated-wal`; one start only).
+    pub recover_truncated_wal: bool,
 }
 
 /// The wait before retry `attempt` (0 for the first) of a write that failed for lack of space:
@@ -120,6 +123,7 @@ impl Default for LsmOptions {
             flush_on_close: true,
             disk_full_retry_first_ms: 100,
             disk_full_retry_max_ms: 5_000,
+            recover_truncated_wal: false,
         }
     }
 }

@@ -39,14 +39,15 @@ pub fn lsm_options(storage: &StorageConfig) -> LsmOptions {
     LsmOptions {
         memtable_bytes_max: storage.memtable_bytes_max,
         wal_segment_bytes_max: storage.wal_segment_bytes_max,
-        // Never preallocate past the end of a segment, and never let the un-flushed WAL bound
-        // sit below one memtable (it would freeze half-empty memtables).
+        // A zero-fill step is counted against the WAL cap as soon as it is made: at most 1/32
+        // of the cap, so the zeros ahead of the records never take the log past it by more
+        // than about 3 %.
         wal_preallocate_bytes: defaults
             .wal_preallocate_bytes
-            .min(storage.wal_segment_bytes_max),
-        wal_bytes_max: defaults
-            .wal_bytes_max
-            .max(4 * storage.memtable_bytes_max as u64),
+            .min(storage.wal_segment_bytes_max)
+            .min(storage.wal_bytes_max / 32),
+        wal_bytes_max: storage.wal_bytes_max,
+        recover_truncated_wal: storage.recover_truncated_wal,
         ..defaults
     }
 }

@@ -92,6 +92,15 @@ pub enum StoreError {
         reason: String,
         evidence: String,
     },
+    /// A command-log segment shorter than it was written (cut after the fact, not torn by a
+    /// crash): acknowledged records may be lost. Start-up stops, nothing on disk was changed;
+    /// `pinq serve --recover-truncated-wal` accepts the loss.
+    #[error("WAL segment {file} is shorter than it was written: {what}; acknowledged records from byte {offset} on may be lost: refusing to start (no file was changed). To accept the loss, start once with `pinq serve --recover-truncated-wal`")]
+    LogTruncated {
+        file: String,
+        offset: u64,
+        what: String,
+    },
     #[error("store is closed")]
     Closed,
     /// A write failed for lack of space on the disk holding `path` (ENOSPC). Not fatal: writes
@@ -183,6 +192,11 @@ impl StoreError {
                 reason: reason.clone(),
                 evidence: evidence.clone(),
             },
+            StoreError::LogTruncated { file, offset, what } => StoreError::LogTruncated {
+                file: file.clone(),
+                offset: *offset,
+                what: what.clone(),
+            },
             StoreError::Closed => StoreError::Closed,
             StoreError::DiskFull { path } => StoreError::DiskFull { path: path.clone() },
             StoreError::NotLeader { leader } => StoreError::NotLeader { leader: *leader },
@@ -210,6 +224,10 @@ pub struct StoreHealth {
     /// Keys in those blocks (from each block's entry count when it is still legible, else 1 a
     /// block): the store's part of `pinq_unreadable_values_total`.
     pub unreadable_values: u64,
+    /// Log records this start dropped (a torn last write cut off, or a truncation accepted
+    /// with `--recover-truncated-wal`): file, byte offset and count. Serving goes on; health
+    /// reports it as degraded until the next restart.
+    pub wal_tail_dropped: Option<String>,
 }
 
 /// A shard's key-value storage engine. See the module docs for the contract.

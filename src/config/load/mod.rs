@@ -87,6 +87,10 @@ const MEMTABLE_BYTES_MIN: u64 = 64 << 10;
 const MEMTABLE_BYTES_LIMIT: u64 = 64 << 30;
 const WAL_SEGMENT_BYTES_MIN: u64 = 64 << 10;
 const WAL_SEGMENT_BYTES_LIMIT: u64 = 16 << 30;
+const WAL_MAX_BYTES_MIN: u64 = 1 << 20;
+const WAL_MAX_BYTES_LIMIT: u64 = 1 << 40;
+/// `storage.walMaxBytes` when unset: this, or four memtables if that is more.
+const WAL_MAX_BYTES_DEFAULT: u64 = 256 << 20;
 /// WAL segments are written with O_DIRECT, whose writes are whole blocks of this size.
 const WAL_SEGMENT_ALIGNMENT_BYTES: u64 = 4096;
 
@@ -938,6 +942,15 @@ impl ConfigLoader {
                 ),
             ));
         }
+        let wal_bytes_max = match raw.wal_max_bytes {
+            None => WAL_MAX_BYTES_DEFAULT.max(4 * memtable_bytes_max),
+            set => self.bytes(
+                "storage.walMaxBytes",
+                set,
+                WAL_MAX_BYTES_DEFAULT,
+                (WAL_MAX_BYTES_MIN, WAL_MAX_BYTES_LIMIT),
+            )?,
+        };
         Ok(StorageConfig {
             engine,
             // Bounded by MEMTABLE_BYTES_LIMIT above; only a 32-bit host could fail this.
@@ -948,6 +961,8 @@ impl ConfigLoader {
                 )
             })?,
             wal_segment_bytes_max,
+            wal_bytes_max,
+            recover_truncated_wal: false,
         })
     }
 

@@ -109,6 +109,7 @@ pub(super) struct RawStorage {
     pub(super) engine: Option<String>,
     pub(super) memtable_bytes: Option<ByteSizeValue>,
     pub(super) wal_segment_bytes: Option<ByteSizeValue>,
+    pub(super) wal_max_bytes: Option<ByteSizeValue>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

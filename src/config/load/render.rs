@@ -100,6 +100,7 @@ impl Config {
              engine = {}\n\
              memtableBytes = {}\n\
              walSegmentBytes = {}\n\
+             walMaxBytes = {}\n\
              {cluster}{security}",
             duration(d.dispatch_poll_interval_ms),
             duration(d.in_flight_timeout_ms),
@@ -145,6 +146,7 @@ impl Config {
             text(st.engine.as_str()),
             bytes(st.memtable_bytes_max as u64),
             bytes(st.wal_segment_bytes_max),
+            bytes(st.wal_bytes_max),
         )
     }
 }

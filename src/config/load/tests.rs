@@ -116,7 +116,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "tlsClientCaFile"
         ]
     );
-    assert_eq!(all_keys().len(), 21 + 7 + 14 + 3 + 10 + 1);
+    assert_eq!(all_keys().len(), 21 + 7 + 14 + 4 + 10 + 1);
 }
 
 #[test]
@@ -167,6 +167,7 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
         ("server", "maxSubscriptionsPerConnection", "0"),
         ("storage", "memtableBytes", "\"0MiB\""),
         ("storage", "walSegmentBytes", "0"),
+        ("storage", "walMaxBytes", "0"),
         ("cluster", "tickInterval", "\"0ms\""),
         ("cluster", "heartbeatTicks", "0"),
         ("cluster", "electionTicks", "0"),
@@ -520,6 +521,7 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_STORAGE_ENGINE", "memory"),
         ("PINQ_STORAGE_MEMTABLE_BYTES", "1048576"),
         ("PINQ_STORAGE_WAL_SEGMENT_BYTES", "8MiB"),
+        ("PINQ_STORAGE_WAL_MAX_BYTES", "32MiB"),
         ("PINQ_CLUSTER_NODE_ID", "2"),
         ("PINQ_CLUSTER_RAFT_LISTEN", "0.0.0.0:7102"),
         ("PINQ_CLUSTER_PEERS", "1=10.0.0.1:7101, 2=10.0.0.2:7102"),
@@ -602,6 +604,8 @@ fn every_key_can_be_set_from_its_environment_variable() {
             engine: StorageEngine::Memory,
             memtable_bytes_max: 1 << 20,
             wal_segment_bytes_max: 8 << 20,
+            wal_bytes_max: 32 << 20,
+            recover_truncated_wal: false,
         },
         cluster: Some(ClusterConfig {
             node_id: 2,

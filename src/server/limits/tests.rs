@@ -268,3 +268,19 @@ fn a_repeated_accept_error_is_logged_once_per_interval_with_the_count_held_back(
     backoff.succeeded();
     assert_eq!(backoff.failed(), Duration::from_millis(10));
 }
+
+/// Regression (issue 25): empty payloads counted 0 bytes against `publish.maxBytesInFlight`, so
+/// any number of calls of 10,000 empty messages were admitted at once.
+#[test]
+fn empty_messages_take_a_fixed_overhead_from_the_publish_budget() {
+    assert_eq!(publish_charge_bytes(0), MESSAGE_OVERHEAD_BYTES);
+    assert_eq!(publish_charge_bytes(100), 100 + MESSAGE_OVERHEAD_BYTES);
+    let batch: usize = (0..10_000).map(|_| publish_charge_bytes(0)).sum();
+    let mut budget = BudgetCore::new(64 << 20);
+    let mut admitted = 0;
+    while budget.try_take(admitted, batch) {
+        admitted += 1;
+        assert!(admitted <= 1_000, "the budget never fills");
+    }
+    assert_eq!(admitted as usize, (64 << 20) / batch);
+}

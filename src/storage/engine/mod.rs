@@ -416,6 +416,13 @@ impl Engine {
             disk_full: self.disk_full(),
             unreadable_blocks: unreadable.blocks,
             unreadable_values: unreadable.values,
+            wal_tail_dropped: self
+                .inner
+                .recovery
+                .borrow()
+                .torn_tail
+                .as_ref()
+                .map(|t| t.to_string()),
         }
     }
 
