@@ -381,9 +381,9 @@ const RAFT_COUNTERS: &[(&str, &str, RaftRead)] = &[
         |f| f.leader_changes,
     ),
     (
-        "pinq_raft_messages_dropped",
-        "Raft messages for peers dropped on the way to the transport (Raft retransmits).",
-        |f| f.messages_dropped,
+        "pinq_subscription_closes_lost",
+        "Ends of subscription streams (on a change of leader) another shard could no longer take.",
+        |f| f.closes_lost,
     ),
 ];
 
@@ -488,6 +488,19 @@ fn encode_raft(
             family
                 .encode_family(&[("shard", *shard)])?
                 .encode_counter::<NoLabelSet, _, u64>(&read(f), None)?;
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "pinq_raft_messages_dropped",
+        "Raft messages dropped between a replica and its peers, by reason (Raft retransmits).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (shard, f) in &raft {
+        for (reason, n) in f.drops.by_reason() {
+            family
+                .encode_family(&[("shard", *shard), ("reason", reason)])?
+                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
         }
     }
     for (name, help, read) in RAFT_HISTOGRAMS {
