@@ -287,9 +287,17 @@ impl ReplicatedStore {
     async fn drive(self: Rc<Self>, kicks: LocalReceiver<()>) {
         let mut next_tick = std::time::Instant::now() + self.config.tick;
         while !self.closed.get() {
+            // The log or the engine failed (a failed fdatasync is seen here even when no new
+            // record would notice it): the node cannot go on with this shard. The shard's
+            // role watcher sees this and stops the broker (no shard left wedged).
+            let healthy = self.wal.check().and_then(|()| self.engine.check_writable());
+            if let Err(e) = healthy {
+                if !self.closed.get() {
+                    self.stop(e);
+                }
+                return;
+            }
             if let Err(e) = self.run_work().await {
-                // The log or the engine failed: the node cannot go on with this shard. The
-                // shard's role watcher sees this and stops the broker (no shard left wedged).
                 self.stop(e);
                 return;
             }

@@ -579,6 +579,47 @@ mod tests {
     }
 
     #[test]
+    fn every_raft_drop_is_exported_with_its_reason() {
+        let slots = MetricsSlots::new(2);
+        let mut zero = snapshot(1);
+        zero.raft = Some(RaftFigures {
+            drops: crate::metrics::RaftDrops {
+                to_replica_full: 4,
+                transport_queue_full: 2,
+                ..Default::default()
+            },
+            closes_lost: 1,
+            ..RaftFigures::default()
+        });
+        let mut one = snapshot(1);
+        one.raft = Some(RaftFigures {
+            drops: crate::metrics::RaftDrops {
+                outbox_full: 3,
+                to_transport_full: 5,
+                ..Default::default()
+            },
+            ..RaftFigures::default()
+        });
+        slots.publish(0, zero);
+        slots.publish(1, one);
+        let page = render(&slots).unwrap();
+        for (shard, reason, n) in [
+            (0, "to_replica_full", 4),
+            (0, "transport_queue_full", 2),
+            (0, "outbox_full", 0),
+            (1, "outbox_full", 3),
+            (1, "to_transport_full", 5),
+            (1, "peer_not_connected", 0),
+        ] {
+            let line = format!(
+                "pinq_raft_messages_dropped_total{{shard=\"{shard}\",reason=\"{reason}\"}} {n}\n"
+            );
+            assert!(page.contains(&line), "{line} not in {page}");
+        }
+        assert!(page.contains("pinq_subscription_closes_lost_total{shard=\"0\"} 1\n"));
+    }
+
+    #[test]
     fn refusals_and_health_are_exported_per_shard() {
         let slots = MetricsSlots::new(2);
         let mut sick = snapshot(1);
