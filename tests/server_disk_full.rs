@@ -327,7 +327,7 @@ fn a_cluster_member_whose_disk_fills_stops_and_the_others_serve_on() {
     );
     let lines = cluster.server(3).drain_output().join("\n");
     assert!(
-        lines.contains("the raft driver stopped"),
+        lines.contains("the raft driver stop"),
         "node 3 says why it stopped:\n{lines}"
     );
     assert!(stored > 10, "batches were stored first: {stored}");
