@@ -1555,10 +1555,16 @@ fn without_the_lease_a_deposed_leader_hands_out_after_a_newer_term_committed() {
 #[test]
 fn a_seed_replays_exactly() {
     let seed = env_u64("PINQ_SIM_SEED").unwrap_or(7);
-    let run = || Sim::new(seed, SimConfig {
-            compaction: true,
-            lease: true,
-        }).run();
+    let run = || {
+        Sim::new(
+            seed,
+            SimConfig {
+                compaction: true,
+                lease: true,
+            },
+        )
+        .run()
+    };
     let (first, second) = (run(), run());
     assert_ne!(first.fingerprint, 0);
     assert_eq!(first, second, "seed {seed} ran differently twice");
@@ -1570,10 +1576,13 @@ fn a_seed_replays_exactly() {
 /// match, the leader wanted a snapshot it cannot build, and the follower never caught up.
 #[test]
 fn a_stale_rejection_after_compaction_does_not_strand_a_follower() {
-    let mut sim = Sim::new(1, SimConfig {
+    let mut sim = Sim::new(
+        1,
+        SimConfig {
             compaction: false,
             lease: true,
-        });
+        },
+    );
     sim.heal();
     sim.settle();
     let leader = sim.serving_nodes()[0];

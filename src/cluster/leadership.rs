@@ -361,7 +361,10 @@ mod tests {
         assert!(!l.may_hand_out(1_010));
         l.observe(leader(4, 6, 6));
         assert!(l.serving());
-        assert!(!l.may_hand_out(1_010), "the old term's answers do not count");
+        assert!(
+            !l.may_hand_out(1_010),
+            "the old term's answers do not count"
+        );
     }
 
     #[test]
@@ -373,7 +376,11 @@ mod tests {
         let mut second = vec![heartbeat(2, 2)];
         l.stamp(1_040, &mut second);
         l.on_message(&answer(&second[0], 2));
-        assert_eq!(l.lease_until_ms(), None, "one follower of five is no quorum");
+        assert_eq!(
+            l.lease_until_ms(),
+            None,
+            "one follower of five is no quorum"
+        );
         l.on_message(&answer(&first[1], 2));
         // Followers 2 (1 040) and 3 (1 000) with the leader: the quorum's oldest answer counts.
         assert_eq!(l.lease_until_ms(), Some(1_000 + LEASE_MS));
