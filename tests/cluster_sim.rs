@@ -102,6 +102,10 @@ const PUBLISH_PERMILLE: u32 = 150;
 const DISPATCH_PERMILLE: u32 = 100;
 const FLUSH_PERMILLE: u32 = 10;
 const COMPACT_PERMILLE: u32 = 20;
+/// With snapshots: log entries kept past a node's flushed state.
+const SNAPSHOT_RETAIN_ENTRIES: u64 = 20;
+/// With snapshots: a crash at each step of a snapshot's install.
+const SNAPSHOT_CRASH_PERMILLE: u32 = 150;
 
 /// A node's disk fills up (per node per millisecond, at most), for a while.
 const DISK_FULL_PERMILLE_MAX: u32 = 1;
@@ -269,6 +273,10 @@ struct Node {
     was_serving: bool,
     /// While the disk is full: when space comes back.
     full_until_ms: u64,
+    /// After a restart whose flushed state machine is past its log (a crash between a
+    /// snapshot's flush and its checkpoint's fdatasync): the state machine already holds
+    /// everything through here, and entries up to it are applied again (idempotent per key).
+    ahead_to: u64,
 }
 
 impl Node {
@@ -308,6 +316,11 @@ struct Stats {
     /// control: with it on, the first one fails the run).
     lease_violations: u64,
     disk_fulls: u64,
+    snapshots_installed: u64,
+    /// Crashes in the middle of a snapshot's install.
+    snapshot_crashes: u64,
+    /// Restarts whose state machine was past the log (see [`Node::ahead_to`]).
+    restarts_ahead: u64,
     compactions: u64,
     /// Entries a node's log held at most (bounded by compaction).
     log_entries_held_max: u64,
@@ -334,6 +347,9 @@ impl Stats {
         self.hand_outs_refused += o.hand_outs_refused;
         self.lease_violations += o.lease_violations;
         self.disk_fulls += o.disk_fulls;
+        self.snapshots_installed += o.snapshots_installed;
+        self.snapshot_crashes += o.snapshot_crashes;
+        self.restarts_ahead += o.restarts_ahead;
         self.compactions += o.compactions;
         self.log_entries_held_max = self.log_entries_held_max.max(o.log_entries_held_max);
         self.last_index_max = self.last_index_max.max(o.last_index_max);
@@ -396,6 +412,9 @@ struct SimConfig {
     /// Hand-outs ask the leadership core (`Replica::may_hand_out`), as the broker does. Off
     /// only for the control run that shows the lease assertion can fail.
     lease: bool,
+    /// Compaction keeps only `SNAPSHOT_RETAIN_ENTRIES` past each node's flushed state, so
+    /// followers behind get snapshots, whose installs crash at their every step now and then.
+    snapshots: bool,
 }
 
 struct Sim {
@@ -461,6 +480,7 @@ impl Sim {
                     dispatch: Dispatch::default(),
                     was_serving: false,
                     full_until_ms: 0,
+                    ahead_to: 0,
                 }
             })
             .collect();
@@ -541,6 +561,9 @@ impl Sim {
         self.flush();
         if self.config.compaction {
             self.compact();
+        }
+        if self.config.snapshots {
+            self.build_snapshots();
         }
         self.drain_all();
         self.start_fsyncs();
@@ -650,9 +673,11 @@ impl Sim {
             log.apply_record(record)
                 .unwrap_or_else(|e| panic!("{at}: node {} recovery: {e}", node.id));
         }
-        // The state machine only ever applied entries that were durable here.
+        // The state machine only ever applied entries that were durable here, or a snapshot's
+        // state whose checkpoint did not reach the disk.
+        let ahead = node.flushed.applied > log.last_index();
         assert!(
-            node.flushed.applied <= log.last_index(),
+            !ahead || self.config.snapshots,
             "{at}: node {} flushed state at {} is past its recovered log (last {})",
             node.id,
             node.flushed.applied,
@@ -668,8 +693,14 @@ impl Sim {
         let mut replica = Replica::new(&config(node.id), log, node.flushed.applied, &logger)
             .unwrap_or_else(|e| panic!("{at}: node {} restart: {e}", node.id));
         replica.seed_election_timeouts(seed);
-        node.replica = Some(replica);
         node.sm = node.flushed.clone();
+        node.ahead_to = 0;
+        if replica.applied() < node.sm.applied {
+            node.ahead_to = node.sm.applied;
+            node.sm.applied = replica.applied();
+            self.stats.restarts_ahead += 1;
+        }
+        node.replica = Some(replica);
         node.next_tick_ms = self.now + jitter;
     }
 
@@ -836,13 +867,23 @@ impl Sim {
                 Err(DiskFull) => return self.driver_stops(i),
             };
             assert!(
-                work.snapshot.is_none(),
+                work.snapshot.is_none() || self.config.snapshots,
                 "{at}: node {} got a snapshot, but none is ever built",
                 node.id
             );
             let mut messages = work.messages;
             replica.stamp(self.now, &mut messages);
+            for m in &messages {
+                if m.get_msg_type() == MessageType::MsgSnapshot {
+                    replica.snapshot_sent(m.to);
+                }
+            }
             self.send(messages);
+            if let Some(snapshot) = work.snapshot {
+                if !self.install_snapshot(i, snapshot, work.deferred) {
+                    return;
+                }
+            }
             if let Some(last) = work.committed.last().map(Entry::get_index) {
                 for entry in &work.committed {
                     self.apply(i, entry);
@@ -852,6 +893,112 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// Leaders build the snapshots their raft cores ask for: the state machine's keys at its
+    /// applied index (as `ReplicatedStore::build_snapshot` scans its engine).
+    fn build_snapshots(&mut self) {
+        for node in &mut self.nodes {
+            if node.paused(self.now) {
+                continue;
+            }
+            let Some(replica) = node.replica.as_mut() else {
+                continue;
+            };
+            if !replica.snapshot_wanted() {
+                continue;
+            }
+            let Some((index, term, conf_state)) = replica.snapshot_point() else {
+                continue;
+            };
+            assert_eq!(
+                index, node.sm.applied,
+                "the snapshot is taken at the applied state"
+            );
+            let mut snapshot = raft::eraftpb::Snapshot {
+                data: node
+                    .sm
+                    .keys
+                    .iter()
+                    .flat_map(|id| id.to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
+                ..Default::default()
+            };
+            let meta = snapshot.mut_metadata();
+            meta.index = index;
+            meta.term = term;
+            meta.set_conf_state(conf_state);
+            replica.offer_snapshot(snapshot);
+        }
+    }
+
+    /// Node `i` installs a snapshot as `ReplicatedStore::install_snapshot` does: the state
+    /// machine takes the snapshot's state, flushes it, and only then are the checkpoint and
+    /// the Ready's records appended to the log. A crash may come before any of these steps and
+    /// after the last (the records are not durable yet). Returns whether the node still runs.
+    fn install_snapshot(
+        &mut self,
+        i: usize,
+        snapshot: raft::eraftpb::Snapshot,
+        deferred: Vec<RaftRecord>,
+    ) -> bool {
+        let index = snapshot.get_metadata().index;
+        if self.crash_installing(i) {
+            return false;
+        }
+        let mut sm = StateMachine::default();
+        for chunk in snapshot.data.chunks_exact(8) {
+            let mut id = [0u8; 8];
+            id.copy_from_slice(chunk);
+            sm.insert(u64::from_le_bytes(id));
+        }
+        sm.applied = index;
+        // The snapshot carries the state every node had at its index (invariant 4).
+        if let Some(digest) = self.check.applied.get(&index) {
+            assert_eq!(
+                digest.state,
+                sm.hash,
+                "{}: node {} installs a snapshot at {index} whose state differs",
+                self.at(),
+                self.nodes[i].id
+            );
+        }
+        self.nodes[i].sm = sm;
+        self.nodes[i].ahead_to = 0;
+        if self.crash_installing(i) {
+            return false;
+        }
+        self.nodes[i].flushed = self.nodes[i].sm.clone();
+        if self.crash_installing(i) {
+            return false;
+        }
+        let node = &mut self.nodes[i];
+        let mut last = 0;
+        for record in &deferred {
+            match node.disk.append(record) {
+                Ok(seq) => last = seq,
+                Err(DiskFull) => {
+                    self.driver_stops(i);
+                    return false;
+                }
+            }
+        }
+        if let Some(replica) = node.replica.as_mut() {
+            replica.snapshot_written(index, last);
+        }
+        self.stats.snapshots_installed += 1;
+        !self.crash_installing(i)
+    }
+
+    /// A crash at a step of a snapshot's install, now and then.
+    fn crash_installing(&mut self, i: usize) -> bool {
+        if !self.faults || !self.chance(SNAPSHOT_CRASH_PERMILLE) {
+            return false;
+        }
+        self.crash(i);
+        self.stats.snapshot_crashes += 1;
+        true
     }
 
     /// Applies one committed entry on node `i`, checking invariants 2 and 4.
@@ -871,7 +1018,8 @@ impl Sim {
                 Command::Store { messages, .. } | Command::StoreSequenced { messages, .. } => {
                     for (key, _) in messages {
                         let id = key.event_id();
-                        if let Some(deleted) = self.check.deleted_at.get(&id) {
+                        let again = entry.index <= node.ahead_to;
+                        if let Some(deleted) = self.check.deleted_at.get(&id).filter(|_| !again) {
                             assert!(
                                 *deleted > entry.index,
                                 "{at}: node {} stores key {id} at {} after its delete at {deleted}",
@@ -894,6 +1042,11 @@ impl Sim {
             }
         }
         node.sm.applied = entry.index;
+        if entry.index < node.ahead_to {
+            // Applied again over a state that already holds it: the state converges at
+            // `ahead_to` (checked there), not at every index before.
+            return;
+        }
         let digest = AppliedDigest {
             term: entry.term,
             data: xxhash_rust::xxh3::xxh3_64(&entry.data),
@@ -1225,7 +1378,15 @@ impl Sim {
             let Some(replica) = node.replica.as_mut() else {
                 continue;
             };
-            let to = self.compact_safe.min(node.flushed.applied);
+            let to = if self.config.snapshots {
+                // As `logRetainEntries` does: a follower further behind gets a snapshot.
+                node.flushed
+                    .applied
+                    .saturating_sub(SNAPSHOT_RETAIN_ENTRIES)
+                    .min(replica.applied())
+            } else {
+                self.compact_safe.min(node.flushed.applied)
+            };
             if to <= replica.log().base().0 {
                 continue;
             }
@@ -1501,6 +1662,7 @@ fn faulty_cluster_never_loses_acked_publishes_or_resurrects_deletes() {
         SimConfig {
             compaction: false,
             lease: true,
+            snapshots: false,
         },
     );
     // The faults happened and the clients got work done through them, on every hand-out path.
@@ -1526,6 +1688,7 @@ fn log_compaction_to_the_slowest_follower_keeps_every_invariant() {
         SimConfig {
             compaction: true,
             lease: true,
+            snapshots: false,
         },
     );
     assert!(stats.compactions >= stats.seeds, "{stats:?}");
@@ -1534,6 +1697,23 @@ fn log_compaction_to_the_slowest_follower_keeps_every_invariant() {
         stats.log_entries_held_max < stats.last_index_max,
         "compaction bounded no log: {stats:?}"
     );
+}
+
+#[test]
+fn snapshot_installs_crashed_at_every_step_keep_every_invariant() {
+    let stats = run_seeds(
+        "snapshot_installs_crashed_at_every_step_keep_every_invariant",
+        200,
+        SimConfig {
+            compaction: true,
+            lease: true,
+            snapshots: true,
+        },
+    );
+    assert!(stats.snapshots_installed >= stats.seeds, "{stats:?}");
+    assert!(stats.snapshot_crashes >= stats.seeds / 4, "{stats:?}");
+    assert!(stats.acked_keys >= 50 * stats.seeds, "{stats:?}");
+    assert!(stats.deliveries >= 20 * stats.seeds, "{stats:?}");
 }
 
 /// The control: with hand-outs asking only whether the node believes it serves (no lease), a
@@ -1547,6 +1727,7 @@ fn without_the_lease_a_deposed_leader_hands_out_after_a_newer_term_committed() {
         SimConfig {
             compaction: false,
             lease: false,
+            snapshots: false,
         },
     );
     assert!(stats.lease_violations > 0, "{stats:?}");
@@ -1561,6 +1742,7 @@ fn a_seed_replays_exactly() {
             SimConfig {
                 compaction: true,
                 lease: true,
+                snapshots: true,
             },
         )
         .run()
@@ -1581,6 +1763,7 @@ fn a_stale_rejection_after_compaction_does_not_strand_a_follower() {
         SimConfig {
             compaction: false,
             lease: true,
+            snapshots: false,
         },
     );
     sim.heal();

@@ -83,6 +83,8 @@ struct Pending {
     seq: Option<u64>,
     /// A snapshot's Ready, waiting for [`Replica::snapshot_written`].
     blocked: bool,
+    /// A snapshot's Ready (until it is persisted; see [`Replica::installing_snapshot`]).
+    snapshot: bool,
     messages: Vec<Message>,
 }
 
@@ -226,6 +228,9 @@ impl Replica {
     }
 
     pub fn tick(&mut self) {
+        if self.installing_snapshot() {
+            return;
+        }
         let before = self.term_and_state();
         self.quiet_ticks = self.quiet_ticks.saturating_sub(1);
         self.node.tick();
@@ -238,6 +243,9 @@ impl Replica {
     /// period after a (re)start.
     pub fn step(&mut self, message: Message) -> Result<(), raft::Error> {
         if self.quiet_ticks > 0 && asks_for_vote(&message, self.node.raft.term) {
+            return Ok(());
+        }
+        if self.installing_snapshot() && message.get_msg_type() == MessageType::MsgTimeoutNow {
             return Ok(());
         }
         let before = self.term_and_state();
@@ -414,6 +422,7 @@ impl Replica {
             number,
             seq,
             blocked,
+            snapshot: blocked,
             messages: persisted_messages,
         });
         // A Ready with nothing to write is persisted as soon as those before it are.
@@ -449,8 +458,25 @@ impl Replica {
         }
         if let Some(number) = last {
             self.node.on_persist_ready(number);
+            // A persisted snapshot is applied: the core's applied index follows (it may only
+            // once the snapshot is persisted), or it would look for entries the snapshot
+            // replaced.
+            let log = &self.node.raft.raft_log;
+            let to = self.applied.min(log.persisted).min(log.committed);
+            if to > log.applied {
+                self.node.advance_apply_to(to);
+            }
         }
         messages
+    }
+
+    /// A snapshot was taken from the raft core and is not persisted yet. Meanwhile the core's
+    /// log starts past its applied index, and a campaign would look for the entries between
+    /// (raft-rs panics: "unexpected error getting unapplied entries ... Compacted"), so this
+    /// replica neither ticks nor takes a leader's transfer until then. Found by
+    /// `tests/cluster_sim.rs` (snapshots, seed 34).
+    fn installing_snapshot(&self) -> bool {
+        self.unpersisted.iter().any(|p| p.snapshot)
     }
 
     /// The shell installed the snapshot of the oldest blocked Ready and wrote its records up
