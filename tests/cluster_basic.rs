@@ -35,6 +35,7 @@ fn config(id: u64) -> ReplicaConfig {
         heartbeat_ticks: 2,
         max_message_bytes: 1 << 20,
         max_inflight_messages: 64,
+        lease_ms: 50,
     }
 }
 

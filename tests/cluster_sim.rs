@@ -25,13 +25,22 @@
 //!   0.1–1 s. A crashed node's incoming messages are lost.
 //! - **Faults** are drawn per seed (swarm testing): up to 15% of messages dropped, 8%
 //!   duplicated, 5% slow, and per millisecond up to 0.4% a crash (down 20–600 ms), 0.2% a
-//!   pause (up to 400 ms), 0.4% a partition.
+//!   pause (up to 400 ms), 0.4% a partition, 0.1% a full disk (100–800 ms). A full disk fails
+//!   the node's next write; its driver stops, which the broker's one failure rule turns into
+//!   a stopped node ([`Replica::fail`] first: from that instant it hands out nothing); it is
+//!   started again once space is back.
 //! - **Clients**: a publisher sends `Store` commands of new keys to a node that serves (a stale
 //!   leader too, if it still believes it leads); a publish is *acknowledged durable* when the
-//!   proposing node applies that entry (same index and term, so it is committed). A dispatcher
-//!   on every serving leader delivers keys of its state machine not yet in its in-flight table;
-//!   a consumer ACKs about half of them, which the leader proposes as `Delete` commands. A node
-//!   that starts serving (or restarts) starts with an empty in-flight table, as the broker does.
+//!   proposing node applies that entry (same index and term, so it is committed). Every node
+//!   that believes it serves runs a model of the broker's pipeline for one consumer connected
+//!   to it (so a node cut off with its consumer is the minority side of a partition): dispatch
+//!   passes queue stored keys, the pump (credit returned) hands queued copies out, a copy not
+//!   ACKed within the in-flight timeout is redelivered, and after `MAX_DELIVERIES` it is
+//!   dead-lettered. The consumer ACKs some copies, which the leader proposes as `Delete`s. A
+//!   node that starts serving (or restarts) starts with an empty in-flight table, as the broker
+//!   does. **Every hand-out** (pump, redelivery, dead letter; and every dispatch pass) asks the
+//!   leadership core at that moment (`Replica::may_hand_out(now)`), as the broker's paths do;
+//!   heartbeats leave stamped with their send time (`Replica::stamp`).
 //! - **Compaction** (one test): every node now and then compacts its log to the lowest follower
 //!   match a leader saw, never past its own flushed state machine, and writes a `Checkpoint`
 //!   record; so no node ever needs a snapshot, which `RaftLog` does not build yet.
@@ -50,9 +59,11 @@
 //!    hash of the state machine after applying it are recorded by the first node to apply that
 //!    index and compared on every other node and on every re-application after a restart.
 //!
-//! Also counted, not asserted: deliveries by a stale leader of a key whose `Delete` had already
-//! committed under a newer leader (Raft alone does not stop a deposed leader that has not yet
-//! noticed; see `Stats::stale_deliveries`).
+//! 5. the lease: no copy is handed out by a leader after any node knew an entry of a newer
+//!    term committed, and no copy of a key is handed out once its `Delete` (its durable ACK)
+//!    is committed — through pauses, partitions with the consumer on the minority side,
+//!    crashes and full disks. With the lease check off (the control test) seeds do break it,
+//!    so the assertion is not one that cannot fail.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -91,6 +102,35 @@ const PUBLISH_PERMILLE: u32 = 150;
 const DISPATCH_PERMILLE: u32 = 100;
 const FLUSH_PERMILLE: u32 = 10;
 const COMPACT_PERMILLE: u32 = 20;
+/// With snapshots: log entries kept past a node's flushed state.
+const SNAPSHOT_RETAIN_ENTRIES: u64 = 20;
+/// With snapshots: a crash at each step of a snapshot's install.
+const SNAPSHOT_CRASH_PERMILLE: u32 = 150;
+
+/// A node's disk fills up (per node per millisecond, at most), for a while.
+const DISK_FULL_PERMILLE_MAX: u32 = 1;
+const DISK_FULL_MS_MIN: u64 = 100;
+const DISK_FULL_MS_MAX: u64 = 800;
+/// A consumer returns credit (the pump hands out what is queued for it).
+const PUMP_PERMILLE: u32 = 200;
+/// The consumer's window (`queueSize`): copies out and not ACKed at most; the pump hands out
+/// more only as ACKs free room, so hand-outs go on all the time there is a backlog.
+const CONSUMER_WINDOW: usize = 6;
+/// After a pause, the node's timers may run before it reads what waited in its sockets: held
+/// messages arrive up to this long after it resumes.
+const RESUME_SOCKET_LAG_MS_MAX: u64 = 30;
+/// A consumer ACKs one handed-out copy (per millisecond: about 50 ms per copy, so some outlive
+/// the in-flight timeout).
+const ACK_PERMILLE: u32 = 20;
+/// Every key divisible by this is a poison message its consumer never ACKs: redelivered, then
+/// dead-lettered.
+const POISON_EVERY: u64 = 8;
+/// A copy handed out and not ACKed within this is redelivered (the in-flight timeout).
+const REDELIVER_AFTER_MS: u64 = 120;
+/// A copy whose next delivery would pass this is dead-lettered instead (`maxDeliveries`).
+const MAX_DELIVERIES: u32 = 3;
+/// The leader's lease: the broker's formula, half the election timeout at the nominal tick.
+const LEASE_MS: u64 = (TICK_MS_MIN + TICK_MS_MAX) / 2 * ELECTION_TICKS as u64 / 2;
 
 const DOWN_MS_MIN: u64 = 20;
 const DOWN_MS_MAX: u64 = 600;
@@ -115,6 +155,7 @@ fn config(id: u64) -> ReplicaConfig {
         heartbeat_ticks: HEARTBEAT_TICKS,
         max_message_bytes: MESSAGE_BYTES_MAX,
         max_inflight_messages: INFLIGHT_MESSAGES_MAX,
+        lease_ms: LEASE_MS,
     }
 }
 
@@ -137,12 +178,21 @@ struct Disk {
     synced: usize,
     /// The fdatasync in flight: when it completes, and the records it covers.
     fsync: Option<(u64, usize)>,
+    /// No space left: every write fails.
+    full: bool,
 }
 
+/// A write failed for lack of space.
+#[derive(Debug)]
+struct DiskFull;
+
 impl RecordSink for Disk {
-    type Error = std::convert::Infallible;
+    type Error = DiskFull;
     /// The sequence number is the record's position, 1-based.
     fn append(&mut self, record: &RaftRecord) -> Result<u64, Self::Error> {
+        if self.full {
+            return Err(DiskFull);
+        }
         self.records.push(record.clone());
         Ok(self.records.len() as u64)
     }
@@ -177,12 +227,34 @@ struct Proposal {
     command: Command,
 }
 
-/// A serving leader's dispatcher: what it delivered and what the consumer ACKed.
+/// Where one copy of a message is, on the leader that dispatched it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CopyAt {
+    /// Assigned to the consumer by a dispatch pass, waiting in its queue for the pump.
+    Queued,
+    /// Handed out at this time, not ACKed yet.
+    Out { since_ms: u64 },
+    /// Its ACK (a `Delete`) is proposed.
+    Acking,
+}
+
+/// How a copy left the broker (the hand-out paths of `src/server/shard.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HandOut {
+    /// The pump, on credit returned or after a dispatch pass: a first delivery.
+    Pump,
+    /// The pump, for a copy whose in-flight timeout ran out.
+    Redelivery,
+    /// To the dead-letter topic, after `MAX_DELIVERIES`.
+    DeadLetter,
+}
+
+/// A serving leader's pipeline as far as hand-outs go: its in-flight table for the one
+/// consumer it serves (a consumer connected to this node, on whichever side of a partition).
 #[derive(Default)]
 struct Dispatch {
     term: u64,
-    delivered: BTreeSet<u64>,
-    acking: BTreeSet<u64>,
+    copies: BTreeMap<u64, (u32, CopyAt)>,
 }
 
 struct Node {
@@ -199,6 +271,12 @@ struct Node {
     proposals: BTreeMap<u64, Proposal>,
     dispatch: Dispatch,
     was_serving: bool,
+    /// While the disk is full: when space comes back.
+    full_until_ms: u64,
+    /// After a restart whose flushed state machine is past its log (a crash between a
+    /// snapshot's flush and its checkpoint's fdatasync): the state machine already holds
+    /// everything through here, and entries up to it are applied again (idempotent per key).
+    ahead_to: u64,
 }
 
 impl Node {
@@ -230,10 +308,19 @@ struct Stats {
     acked_keys: u64,
     deleted_keys: u64,
     deliveries: u64,
-    /// Deliveries by a leader that had not applied a `Delete` of the key committed by a newer
-    /// leader: a deposed leader that has not noticed yet. At-least-once allows it; the product's
-    /// "never delivered again" needs a lease (see the module docs).
-    stale_deliveries: u64,
+    redeliveries: u64,
+    dead_letters: u64,
+    /// Hand-outs the leadership core refused (no lease, or no longer serving).
+    hand_outs_refused: u64,
+    /// Hand-outs that broke the lease rule (only counted with the lease check off, as a
+    /// control: with it on, the first one fails the run).
+    lease_violations: u64,
+    disk_fulls: u64,
+    snapshots_installed: u64,
+    /// Crashes in the middle of a snapshot's install.
+    snapshot_crashes: u64,
+    /// Restarts whose state machine was past the log (see [`Node::ahead_to`]).
+    restarts_ahead: u64,
     compactions: u64,
     /// Entries a node's log held at most (bounded by compaction).
     log_entries_held_max: u64,
@@ -255,7 +342,14 @@ impl Stats {
         self.acked_keys += o.acked_keys;
         self.deleted_keys += o.deleted_keys;
         self.deliveries += o.deliveries;
-        self.stale_deliveries += o.stale_deliveries;
+        self.redeliveries += o.redeliveries;
+        self.dead_letters += o.dead_letters;
+        self.hand_outs_refused += o.hand_outs_refused;
+        self.lease_violations += o.lease_violations;
+        self.disk_fulls += o.disk_fulls;
+        self.snapshots_installed += o.snapshots_installed;
+        self.snapshot_crashes += o.snapshot_crashes;
+        self.restarts_ahead += o.restarts_ahead;
         self.compactions += o.compactions;
         self.log_entries_held_max = self.log_entries_held_max.max(o.log_entries_held_max);
         self.last_index_max = self.last_index_max.max(o.last_index_max);
@@ -282,6 +376,8 @@ struct Checker {
     acked: BTreeMap<u64, (u64, u64)>,
     leaders: BTreeMap<u64, u64>,
     serving: BTreeMap<u64, u64>,
+    /// The newest term of which any node knew an entry committed, so far.
+    newest_committed_term: u64,
 }
 
 /// One seed's fault rates, in per mille (see the maxima).
@@ -293,6 +389,7 @@ struct Faults {
     crash: u32,
     pause: u32,
     partition: u32,
+    disk_full: u32,
 }
 
 impl Faults {
@@ -304,6 +401,7 @@ impl Faults {
             crash: rng.u32(0..=CRASH_PERMILLE_MAX),
             pause: rng.u32(0..=PAUSE_PERMILLE_MAX),
             partition: rng.u32(0..=PARTITION_PERMILLE_MAX),
+            disk_full: rng.u32(0..=DISK_FULL_PERMILLE_MAX),
         }
     }
 }
@@ -311,6 +409,12 @@ impl Faults {
 #[derive(Clone, Copy)]
 struct SimConfig {
     compaction: bool,
+    /// Hand-outs ask the leadership core (`Replica::may_hand_out`), as the broker does. Off
+    /// only for the control run that shows the lease assertion can fail.
+    lease: bool,
+    /// Compaction keeps only `SNAPSHOT_RETAIN_ENTRIES` past each node's flushed state, so
+    /// followers behind get snapshots, whose installs crash at their every step now and then.
+    snapshots: bool,
 }
 
 struct Sim {
@@ -375,6 +479,8 @@ impl Sim {
                     proposals: BTreeMap::new(),
                     dispatch: Dispatch::default(),
                     was_serving: false,
+                    full_until_ms: 0,
+                    ahead_to: 0,
                 }
             })
             .collect();
@@ -456,6 +562,9 @@ impl Sim {
         if self.config.compaction {
             self.compact();
         }
+        if self.config.snapshots {
+            self.build_snapshots();
+        }
         self.drain_all();
         self.start_fsyncs();
         self.check_step();
@@ -464,6 +573,20 @@ impl Sim {
     fn inject_faults(&mut self) {
         if self.net.heal_at_ms <= self.now {
             self.net.cut.clear();
+        }
+        for node in &mut self.nodes {
+            if node.disk.full && node.full_until_ms <= self.now {
+                node.disk.full = false;
+            }
+        }
+        if self.chance(self.rates.disk_full) {
+            let i = self.rng.usize(..self.nodes.len());
+            let until = self.now + self.rng.u64(DISK_FULL_MS_MIN..=DISK_FULL_MS_MAX);
+            let node = &mut self.nodes[i];
+            if node.replica.is_some() && !node.disk.full {
+                node.disk.full = true;
+                node.full_until_ms = until;
+            }
         }
         if self.chance(self.rates.crash) {
             let i = self.rng.usize(..self.nodes.len());
@@ -498,6 +621,29 @@ impl Sim {
         }
     }
 
+    /// The driver of node `i` failed (its disk is full): the one failure rule. From that
+    /// instant the replica serves and hands out nothing; then the node stops (a process exit),
+    /// and is started again once space is back.
+    fn driver_stops(&mut self, i: usize) {
+        let at = self.at();
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        let Some(replica) = node.replica.as_mut() else {
+            return;
+        };
+        replica.fail();
+        assert!(
+            !replica.serving() && !replica.may_hand_out(now),
+            "{at}: node {} serves with a failed driver",
+            node.id
+        );
+        let back_at = node.full_until_ms;
+        self.crash(i);
+        self.nodes[i].restart_at_ms = back_at.max(self.now + DOWN_MS_MIN);
+        self.stats.crashes -= 1;
+        self.stats.disk_fulls += 1;
+    }
+
     /// The node loses its process: volatile records, its memory, its in-flight fdatasync.
     fn crash(&mut self, i: usize) {
         let down_ms = self.rng.u64(DOWN_MS_MIN..=DOWN_MS_MAX);
@@ -527,9 +673,11 @@ impl Sim {
             log.apply_record(record)
                 .unwrap_or_else(|e| panic!("{at}: node {} recovery: {e}", node.id));
         }
-        // The state machine only ever applied entries that were durable here.
+        // The state machine only ever applied entries that were durable here, or a snapshot's
+        // state whose checkpoint did not reach the disk.
+        let ahead = node.flushed.applied > log.last_index();
         assert!(
-            node.flushed.applied <= log.last_index(),
+            !ahead || self.config.snapshots,
             "{at}: node {} flushed state at {} is past its recovered log (last {})",
             node.id,
             node.flushed.applied,
@@ -545,8 +693,14 @@ impl Sim {
         let mut replica = Replica::new(&config(node.id), log, node.flushed.applied, &logger)
             .unwrap_or_else(|e| panic!("{at}: node {} restart: {e}", node.id));
         replica.seed_election_timeouts(seed);
-        node.replica = Some(replica);
         node.sm = node.flushed.clone();
+        node.ahead_to = 0;
+        if replica.applied() < node.sm.applied {
+            node.ahead_to = node.sm.applied;
+            node.sm.applied = replica.applied();
+            self.stats.restarts_ahead += 1;
+        }
+        node.replica = Some(replica);
         node.next_tick_ms = self.now + jitter;
     }
 
@@ -616,11 +770,11 @@ impl Sim {
             }
             let node = &mut self.nodes[(m.to - 1) as usize];
             if node.paused(self.now) {
-                // Held in the socket until the process runs again.
+                // Held in the socket until the process runs again, and read a little later
+                // than its timers run (see `RESUME_SOCKET_LAG_MS_MAX`).
+                let at = node.paused_until_ms + self.rng.u64(0..=RESUME_SOCKET_LAG_MS_MAX);
                 self.net.sent += 1;
-                self.net
-                    .queue
-                    .insert((node.paused_until_ms, self.net.sent), m);
+                self.net.queue.insert((at, self.net.sent), m);
                 continue;
             }
             match node.replica.as_mut() {
@@ -645,9 +799,18 @@ impl Sim {
                 continue;
             }
             node.disk.fsync = None;
+            if node.disk.full {
+                // The write behind this fdatasync found no space.
+                self.driver_stops(i);
+                continue;
+            }
             node.disk.synced = covers;
             let messages = match node.replica.as_mut() {
-                Some(replica) => replica.durable(covers as u64),
+                Some(replica) => {
+                    let mut messages = replica.durable(covers as u64);
+                    replica.stamp(self.now, &mut messages);
+                    messages
+                }
                 None => Vec::new(),
             };
             self.send(messages);
@@ -698,16 +861,29 @@ impl Sim {
             let Some(replica) = node.replica.as_mut() else {
                 return;
             };
-            let Ok(work) = replica.next_work(&mut node.disk);
-            let Some(work) = work else {
-                return;
+            let work = match replica.next_work(&mut node.disk) {
+                Ok(Some(work)) => work,
+                Ok(None) => return,
+                Err(DiskFull) => return self.driver_stops(i),
             };
             assert!(
-                work.snapshot.is_none(),
+                work.snapshot.is_none() || self.config.snapshots,
                 "{at}: node {} got a snapshot, but none is ever built",
                 node.id
             );
-            self.send(work.messages);
+            let mut messages = work.messages;
+            replica.stamp(self.now, &mut messages);
+            for m in &messages {
+                if m.get_msg_type() == MessageType::MsgSnapshot {
+                    replica.snapshot_sent(m.to);
+                }
+            }
+            self.send(messages);
+            if let Some(snapshot) = work.snapshot {
+                if !self.install_snapshot(i, snapshot, work.deferred) {
+                    return;
+                }
+            }
             if let Some(last) = work.committed.last().map(Entry::get_index) {
                 for entry in &work.committed {
                     self.apply(i, entry);
@@ -717,6 +893,112 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// Leaders build the snapshots their raft cores ask for: the state machine's keys at its
+    /// applied index (as `ReplicatedStore::build_snapshot` scans its engine).
+    fn build_snapshots(&mut self) {
+        for node in &mut self.nodes {
+            if node.paused(self.now) {
+                continue;
+            }
+            let Some(replica) = node.replica.as_mut() else {
+                continue;
+            };
+            if !replica.snapshot_wanted() {
+                continue;
+            }
+            let Some((index, term, conf_state)) = replica.snapshot_point() else {
+                continue;
+            };
+            assert_eq!(
+                index, node.sm.applied,
+                "the snapshot is taken at the applied state"
+            );
+            let mut snapshot = raft::eraftpb::Snapshot {
+                data: node
+                    .sm
+                    .keys
+                    .iter()
+                    .flat_map(|id| id.to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
+                ..Default::default()
+            };
+            let meta = snapshot.mut_metadata();
+            meta.index = index;
+            meta.term = term;
+            meta.set_conf_state(conf_state);
+            replica.offer_snapshot(snapshot);
+        }
+    }
+
+    /// Node `i` installs a snapshot as `ReplicatedStore::install_snapshot` does: the state
+    /// machine takes the snapshot's state, flushes it, and only then are the checkpoint and
+    /// the Ready's records appended to the log. A crash may come before any of these steps and
+    /// after the last (the records are not durable yet). Returns whether the node still runs.
+    fn install_snapshot(
+        &mut self,
+        i: usize,
+        snapshot: raft::eraftpb::Snapshot,
+        deferred: Vec<RaftRecord>,
+    ) -> bool {
+        let index = snapshot.get_metadata().index;
+        if self.crash_installing(i) {
+            return false;
+        }
+        let mut sm = StateMachine::default();
+        for chunk in snapshot.data.chunks_exact(8) {
+            let mut id = [0u8; 8];
+            id.copy_from_slice(chunk);
+            sm.insert(u64::from_le_bytes(id));
+        }
+        sm.applied = index;
+        // The snapshot carries the state every node had at its index (invariant 4).
+        if let Some(digest) = self.check.applied.get(&index) {
+            assert_eq!(
+                digest.state,
+                sm.hash,
+                "{}: node {} installs a snapshot at {index} whose state differs",
+                self.at(),
+                self.nodes[i].id
+            );
+        }
+        self.nodes[i].sm = sm;
+        self.nodes[i].ahead_to = 0;
+        if self.crash_installing(i) {
+            return false;
+        }
+        self.nodes[i].flushed = self.nodes[i].sm.clone();
+        if self.crash_installing(i) {
+            return false;
+        }
+        let node = &mut self.nodes[i];
+        let mut last = 0;
+        for record in &deferred {
+            match node.disk.append(record) {
+                Ok(seq) => last = seq,
+                Err(DiskFull) => {
+                    self.driver_stops(i);
+                    return false;
+                }
+            }
+        }
+        if let Some(replica) = node.replica.as_mut() {
+            replica.snapshot_written(index, last);
+        }
+        self.stats.snapshots_installed += 1;
+        !self.crash_installing(i)
+    }
+
+    /// A crash at a step of a snapshot's install, now and then.
+    fn crash_installing(&mut self, i: usize) -> bool {
+        if !self.faults || !self.chance(SNAPSHOT_CRASH_PERMILLE) {
+            return false;
+        }
+        self.crash(i);
+        self.stats.snapshot_crashes += 1;
+        true
     }
 
     /// Applies one committed entry on node `i`, checking invariants 2 and 4.
@@ -736,7 +1018,8 @@ impl Sim {
                 Command::Store { messages, .. } | Command::StoreSequenced { messages, .. } => {
                     for (key, _) in messages {
                         let id = key.event_id();
-                        if let Some(deleted) = self.check.deleted_at.get(&id) {
+                        let again = entry.index <= node.ahead_to;
+                        if let Some(deleted) = self.check.deleted_at.get(&id).filter(|_| !again) {
                             assert!(
                                 *deleted > entry.index,
                                 "{at}: node {} stores key {id} at {} after its delete at {deleted}",
@@ -760,6 +1043,11 @@ impl Sim {
             }
         }
         node.sm.applied = entry.index;
+        if entry.index < node.ahead_to {
+            // Applied again over a state that already holds it: the state converges at
+            // `ahead_to` (checked there), not at every index before.
+            return;
+        }
         let digest = AppliedDigest {
             term: entry.term,
             data: xxhash_rust::xxh3::xxh3_64(&entry.data),
@@ -784,9 +1072,7 @@ impl Sim {
                     }
                     Command::Delete { keys } => {
                         for key in keys {
-                            let id = key.event_id();
-                            node.dispatch.delivered.remove(&id);
-                            node.dispatch.acking.remove(&id);
+                            node.dispatch.copies.remove(&key.event_id());
                             self.stats.deleted_keys += 1;
                         }
                     }
@@ -854,7 +1140,11 @@ impl Sim {
         self.propose(i, command)
     }
 
-    /// Every serving leader's dispatcher delivers, and its consumer ACKs some of what it has.
+    /// Every node that believes it serves runs its pipeline: dispatch passes assign stored keys
+    /// to its consumer, the pump hands queued copies out, copies not ACKed in time are
+    /// redelivered or dead-lettered, and the consumer ACKs some of what it holds (the leader
+    /// proposes those as `Delete` commands). Each hand-out asks the leadership core at that
+    /// moment, as the broker's paths do ([`Sim::hand_out`]).
     fn dispatch(&mut self) {
         for i in 0..self.nodes.len() {
             let serving = !self.nodes[i].paused(self.now)
@@ -871,49 +1161,189 @@ impl Sim {
                     ..Dispatch::default()
                 };
             }
-            if !self.chance(DISPATCH_PERMILLE) {
-                continue;
+            if self.chance(DISPATCH_PERMILLE) && self.may_hand_out(i) {
+                self.dispatch_pass(i);
             }
-            let at = self.at();
-            let node = &mut self.nodes[i];
-            let fresh: Vec<u64> = node
-                .sm
-                .keys
-                .iter()
-                .filter(|id| !node.dispatch.delivered.contains(id))
-                .take(DELIVER_KEYS_MAX)
-                .copied()
-                .collect();
-            for id in fresh {
-                if let Some(deleted) = self.check.deleted_at.get(&id) {
-                    assert!(
-                        *deleted > node.sm.applied,
-                        "{at}: node {} delivers key {id} whose delete it applied at {deleted}",
-                        node.id
-                    );
-                    self.stats.stale_deliveries += 1;
+            self.time_out_copies(i);
+            if self.chance(PUMP_PERMILLE) {
+                self.pump(i);
+            }
+            self.consumer_acks(i);
+        }
+    }
+
+    /// A dispatch pass: stored keys not in flight are queued for the consumer.
+    fn dispatch_pass(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let fresh: Vec<u64> = node
+            .sm
+            .keys
+            .iter()
+            .filter(|id| !node.dispatch.copies.contains_key(id))
+            .take(DELIVER_KEYS_MAX)
+            .copied()
+            .collect();
+        for id in fresh {
+            node.dispatch.copies.insert(id, (1, CopyAt::Queued));
+        }
+    }
+
+    /// Copies out past the in-flight timeout are queued again, or dead-lettered once they had
+    /// their `MAX_DELIVERIES`.
+    fn time_out_copies(&mut self, i: usize) {
+        let now = self.now;
+        let due: Vec<(u64, u32)> = self.nodes[i]
+            .dispatch
+            .copies
+            .iter()
+            .filter_map(|(id, (attempt, at))| match at {
+                CopyAt::Out { since_ms } if now - since_ms >= REDELIVER_AFTER_MS => {
+                    Some((*id, *attempt))
                 }
-                node.dispatch.delivered.insert(id);
-                self.stats.deliveries += 1;
-            }
-            let unacked: Vec<u64> = node
-                .dispatch
-                .delivered
-                .iter()
-                .filter(|id| !node.dispatch.acking.contains(id))
-                .copied()
-                .collect();
-            let acks: Vec<u64> = unacked.into_iter().filter(|_| self.rng.bool()).collect();
-            if acks.is_empty() {
-                continue;
-            }
-            let command = Command::Delete {
-                keys: acks.iter().map(|id| key_of(*id)).collect(),
-            };
-            if self.propose(i, command) {
-                self.nodes[i].dispatch.acking.extend(acks);
+                _ => None,
+            })
+            .collect();
+        for (id, attempt) in due {
+            if attempt < MAX_DELIVERIES {
+                self.nodes[i]
+                    .dispatch
+                    .copies
+                    .insert(id, (attempt + 1, CopyAt::Queued));
+            } else if self.hand_out(i, id, HandOut::DeadLetter) {
+                // Stored in the dead-letter topic, then ACKed for its group.
+                self.stats.dead_letters += 1;
+                self.ack(i, vec![id]);
             }
         }
+    }
+
+    /// The pump: hands out queued copies whose keys are still stored, as far as the
+    /// consumer's window has room.
+    fn pump(&mut self, i: usize) {
+        let copies = &self.nodes[i].dispatch.copies;
+        let out = copies
+            .values()
+            .filter(|(_, at)| matches!(at, CopyAt::Out { .. }))
+            .count();
+        let queued: Vec<(u64, u32)> = copies
+            .iter()
+            .filter(|(_, (_, at))| *at == CopyAt::Queued)
+            .map(|(id, (attempt, _))| (*id, *attempt))
+            .take(CONSUMER_WINDOW.saturating_sub(out))
+            .collect();
+        for (id, attempt) in queued {
+            if !self.nodes[i].sm.keys.contains(&id) {
+                // Deleted since it was queued (the broker's drain drops such copies).
+                self.nodes[i].dispatch.copies.remove(&id);
+                continue;
+            }
+            let how = if attempt == 1 {
+                HandOut::Pump
+            } else {
+                HandOut::Redelivery
+            };
+            if !self.hand_out(i, id, how) {
+                // Held back: it waits in the queue for the lease.
+                continue;
+            }
+            match how {
+                HandOut::Redelivery => self.stats.redeliveries += 1,
+                _ => self.stats.deliveries += 1,
+            }
+            let since_ms = self.now;
+            self.nodes[i]
+                .dispatch
+                .copies
+                .insert(id, (attempt, CopyAt::Out { since_ms }));
+        }
+    }
+
+    /// The consumer ACKs some of the copies it holds.
+    fn consumer_acks(&mut self, i: usize) {
+        let out: Vec<u64> = self.nodes[i]
+            .dispatch
+            .copies
+            .iter()
+            .filter(|(id, (_, at))| matches!(at, CopyAt::Out { .. }) && *id % POISON_EVERY != 0)
+            .map(|(id, _)| *id)
+            .collect();
+        let acks: Vec<u64> = out
+            .into_iter()
+            .filter(|_| self.chance(ACK_PERMILLE))
+            .collect();
+        if !acks.is_empty() {
+            self.ack(i, acks);
+        }
+    }
+
+    /// Proposes the `Delete` of ACKed keys on node `i`.
+    fn ack(&mut self, i: usize, ids: Vec<u64>) {
+        let command = Command::Delete {
+            keys: ids.iter().map(|id| key_of(*id)).collect(),
+        };
+        if self.propose(i, command) {
+            for id in ids {
+                if let Some((_, at)) = self.nodes[i].dispatch.copies.get_mut(&id) {
+                    *at = CopyAt::Acking;
+                }
+            }
+        }
+    }
+
+    /// Whether node `i` may hand out a copy now: what every hand-out path of the broker asks
+    /// (`ReplicatedStore::may_hand_out`), or, in the control run, only whether it serves.
+    fn may_hand_out(&self, i: usize) -> bool {
+        let Some(replica) = self.nodes[i].replica.as_ref() else {
+            return false;
+        };
+        if self.config.lease {
+            replica.may_hand_out(self.now)
+        } else {
+            replica.serving()
+        }
+    }
+
+    /// The newest term any node knows an entry of committed (see [`Checker`]).
+    fn newest_committed_term(&mut self) -> u64 {
+        for node in &self.nodes {
+            if let Some(term) = node.replica.as_ref().and_then(|r| r.committed().1) {
+                self.check.newest_committed_term = self.check.newest_committed_term.max(term);
+            }
+        }
+        self.check.newest_committed_term
+    }
+
+    /// Node `i` hands out a copy of `id` if the leadership core allows it now, and checks the
+    /// lease rule (invariant 5) when it does: no newer term has committed anything, and the
+    /// key's `Delete` is not committed (a copy is never handed out after its durable ACK).
+    fn hand_out(&mut self, i: usize, id: u64, how: HandOut) -> bool {
+        if !self.may_hand_out(i) {
+            self.stats.hand_outs_refused += 1;
+            return false;
+        }
+        let at = self.at();
+        let newest = self.newest_committed_term();
+        let node = &self.nodes[i];
+        let term = node.replica.as_ref().map_or(0, |r| r.role().term);
+        let deleted = self.check.deleted_at.get(&id).copied();
+        let broken = newest > term || deleted.is_some();
+        if broken && !self.config.lease {
+            self.stats.lease_violations += 1;
+            return true;
+        }
+        assert!(
+            newest <= term,
+            "{at}: node {} hands out key {id} ({how:?}) as leader of term {term} after term \
+             {newest} committed an entry",
+            node.id
+        );
+        assert!(
+            deleted.is_none(),
+            "{at}: node {} hands out key {id} ({how:?}) in term {term}, whose delete committed \
+             at index {deleted:?}",
+            node.id
+        );
+        true
     }
 
     /// Now and then a node's state machine reaches its disk.
@@ -949,7 +1379,15 @@ impl Sim {
             let Some(replica) = node.replica.as_mut() else {
                 continue;
             };
-            let to = self.compact_safe.min(node.flushed.applied);
+            let to = if self.config.snapshots {
+                // As `logRetainEntries` does: a follower further behind gets a snapshot.
+                node.flushed
+                    .applied
+                    .saturating_sub(SNAPSHOT_RETAIN_ENTRIES)
+                    .min(replica.applied())
+            } else {
+                self.compact_safe.min(node.flushed.applied)
+            };
             if to <= replica.log().base().0 {
                 continue;
             }
@@ -958,11 +1396,16 @@ impl Sim {
                 .unwrap_or_else(|e| panic!("{at}: node {} compaction: {e}", node.id));
             assert_eq!(index, to, "{at}: node {} compacted elsewhere", node.id);
             let hard_state = replica.log().hard_state().clone();
-            let Ok(_) = node.disk.append(&RaftRecord::Checkpoint {
+            let checkpoint = RaftRecord::Checkpoint {
                 index,
                 term,
                 hard_state,
-            });
+            };
+            if node.disk.append(&checkpoint).is_err() {
+                // The log could not take it: the driver stops, as on any failed write.
+                self.driver_stops(i);
+                continue;
+            }
             self.stats.compactions += 1;
         }
     }
@@ -1030,6 +1473,7 @@ impl Sim {
         self.faults = false;
         self.net.cut.clear();
         for node in &mut self.nodes {
+            node.disk.full = false;
             node.paused_until_ms = 0;
             node.restart_at_ms = self.now;
         }
@@ -1216,10 +1660,21 @@ fn faulty_cluster_never_loses_acked_publishes_or_resurrects_deletes() {
     let stats = run_seeds(
         "faulty_cluster_never_loses_acked_publishes_or_resurrects_deletes",
         500,
-        SimConfig { compaction: false },
+        SimConfig {
+            compaction: false,
+            lease: true,
+            snapshots: false,
+        },
     );
-    // The faults happened and the clients got work done through them.
+    // The faults happened and the clients got work done through them, on every hand-out path.
     assert!(stats.crashes >= stats.seeds, "{stats:?}");
+    assert!(stats.pauses >= stats.seeds / 4, "{stats:?}");
+    assert!(stats.disk_fulls >= stats.seeds / 10, "{stats:?}");
+    assert!(stats.deliveries >= 20 * stats.seeds, "{stats:?}");
+    assert!(stats.redeliveries >= stats.seeds, "{stats:?}");
+    assert!(stats.dead_letters >= stats.seeds / 4, "{stats:?}");
+    // The lease did refuse hand-outs (a leader cut off, paused or newly elected).
+    assert!(stats.hand_outs_refused >= stats.seeds, "{stats:?}");
     assert!(stats.partitions >= stats.seeds, "{stats:?}");
     assert!(stats.leader_terms >= 2 * stats.seeds, "{stats:?}");
     assert!(stats.acked_keys >= 50 * stats.seeds, "{stats:?}");
@@ -1231,7 +1686,11 @@ fn log_compaction_to_the_slowest_follower_keeps_every_invariant() {
     let stats = run_seeds(
         "log_compaction_to_the_slowest_follower_keeps_every_invariant",
         300,
-        SimConfig { compaction: true },
+        SimConfig {
+            compaction: true,
+            lease: true,
+            snapshots: false,
+        },
     );
     assert!(stats.compactions >= stats.seeds, "{stats:?}");
     assert!(stats.acked_keys >= 50 * stats.seeds, "{stats:?}");
@@ -1242,9 +1701,53 @@ fn log_compaction_to_the_slowest_follower_keeps_every_invariant() {
 }
 
 #[test]
+fn snapshot_installs_crashed_at_every_step_keep_every_invariant() {
+    let stats = run_seeds(
+        "snapshot_installs_crashed_at_every_step_keep_every_invariant",
+        200,
+        SimConfig {
+            compaction: true,
+            lease: true,
+            snapshots: true,
+        },
+    );
+    assert!(stats.snapshots_installed >= stats.seeds, "{stats:?}");
+    assert!(stats.snapshot_crashes >= stats.seeds / 4, "{stats:?}");
+    assert!(stats.acked_keys >= 50 * stats.seeds, "{stats:?}");
+    assert!(stats.deliveries >= 20 * stats.seeds, "{stats:?}");
+}
+
+/// The control: with hand-outs asking only whether the node believes it serves (no lease), a
+/// deposed leader on the minority side, or one paused past an election, hands out copies after
+/// a newer term committed. So invariant 5 is a check that can fail.
+#[test]
+fn without_the_lease_a_deposed_leader_hands_out_after_a_newer_term_committed() {
+    let stats = run_seeds(
+        "without_the_lease_a_deposed_leader_hands_out_after_a_newer_term_committed",
+        100,
+        SimConfig {
+            compaction: false,
+            lease: false,
+            snapshots: false,
+        },
+    );
+    assert!(stats.lease_violations > 0, "{stats:?}");
+}
+
+#[test]
 fn a_seed_replays_exactly() {
     let seed = env_u64("PINQ_SIM_SEED").unwrap_or(7);
-    let run = || Sim::new(seed, SimConfig { compaction: true }).run();
+    let run = || {
+        Sim::new(
+            seed,
+            SimConfig {
+                compaction: true,
+                lease: true,
+                snapshots: true,
+            },
+        )
+        .run()
+    };
     let (first, second) = (run(), run());
     assert_ne!(first.fingerprint, 0);
     assert_eq!(first, second, "seed {seed} ran differently twice");
@@ -1256,7 +1759,14 @@ fn a_seed_replays_exactly() {
 /// match, the leader wanted a snapshot it cannot build, and the follower never caught up.
 #[test]
 fn a_stale_rejection_after_compaction_does_not_strand_a_follower() {
-    let mut sim = Sim::new(1, SimConfig { compaction: false });
+    let mut sim = Sim::new(
+        1,
+        SimConfig {
+            compaction: false,
+            lease: true,
+            snapshots: false,
+        },
+    );
     sim.heal();
     sim.settle();
     let leader = sim.serving_nodes()[0];

@@ -259,3 +259,84 @@ fn a_full_disk_refuses_writes_serves_reads_and_heals_when_space_returns() {
     );
     assert!(!output.iter().any(|l| l.contains("panicked")), "no panic");
 }
+
+/// The cluster's one failure rule: a member whose disk fills cannot heal as the standalone store
+/// does (its Raft log cannot refuse what the group committed), so its Raft driver stops and the
+/// node exits naming the reason, never serving with a dead driver; the two others keep
+/// serving durable publishes.
+#[test]
+fn a_cluster_member_whose_disk_fills_stops_and_the_others_serve_on() {
+    use support::cluster::Cluster;
+    let env = [
+        ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "64KiB"),
+        ("PINQ_STORAGE_MEMTABLE_BYTES", "1MiB"),
+    ];
+    let mut cluster = Cluster::new(3, &env);
+    let disk = match SmallDisk::mount(&cluster.scratch_dir("small")) {
+        Ok(disk) => disk,
+        Err(why) => {
+            assert!(
+                std::env::var_os("PINQ_REQUIRE_LOOP_MOUNT").is_none(),
+                "cannot mount a loop file system: {why}"
+            );
+            eprintln!("skipped: cannot mount a loop file system here ({why})");
+            return;
+        }
+    };
+    let small = disk.mount.join("node3");
+    let args = vec![
+        cluster.args(1, &[]),
+        cluster.args(2, &[]),
+        cluster.args(3, &[("--data-dir", &small.display().to_string())]),
+    ];
+    cluster.start_nodes(&[1, 2, 3], args);
+
+    // Durable publishes through whichever node leads, until node 3 (every member stores every
+    // message; its disk holds 32 MiB) has stopped.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut stored = 0u32;
+    let mut b = 0u32;
+    let status = loop {
+        assert!(
+            Instant::now() < deadline,
+            "node 3 still runs after {stored} batches of 256 KiB on a 32 MiB disk"
+        );
+        if !cluster.server_mut(3).is_running() {
+            break cluster.server_mut(3).wait_exit(Duration::from_secs(5));
+        }
+        let among = cluster.running();
+        let leader = cluster.wait_for_leader(0, &among, Duration::from_secs(30));
+        let addr = cluster.addr(leader);
+        let first = b;
+        let ok = with_client(addr, move |client| async move {
+            let mut ok = 0u32;
+            for b in first..first + 8 {
+                if client.publish(batch(b), AckLevel::Durable).await.is_err() {
+                    break;
+                }
+                ok += 1;
+            }
+            ok
+        });
+        stored += ok;
+        b += 8;
+    };
+    assert!(
+        matches!(status, Some(code) if code != 0),
+        "node 3 exits with an error status: {status:?}"
+    );
+    let lines = cluster.server(3).drain_output().join("\n");
+    assert!(
+        lines.contains("the raft driver stop"),
+        "node 3 says why it stopped:\n{lines}"
+    );
+    assert!(stored > 10, "batches were stored first: {stored}");
+
+    // The two others serve on: a durable publish through the leader among them succeeds.
+    let leader = cluster.wait_for_leader(0, &[1, 2], Duration::from_secs(30));
+    let published = with_client(cluster.addr(leader), move |client| async move {
+        client.publish(batch(b), AckLevel::Durable).await
+    });
+    assert!(published.is_ok(), "{published:?}");
+    drop(disk);
+}

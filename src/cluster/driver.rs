@@ -17,6 +17,13 @@
 //! applied here; an entry of another term at its index, or the loss of leadership, fails it
 //! (its outcome is then unknown: the client retries, at-least-once).
 //!
+//! Failure: the driver never ends while the shard serves. If the log or the engine fails
+//! (an I/O error, a full disk: the Raft log cannot refuse an entry the group committed, so
+//! unlike the standalone store it cannot heal by refusing writes), or the reclaimer finds the
+//! engine failed, the replica is marked failed at once ([`Leadership::fail`]: it serves and
+//! hands out nothing from that instant), waiting proposals fail, and the shard's role watcher
+//! stops the node with the reason (`pinq serve` exits non-zero; the peers elect another leader).
+//!
 //! Reclaim: after each engine flush, the log is compacted to what the tables hold, but never
 //! past what the slowest follower has unless it is further behind than `logRetainEntries`; a
 //! checkpoint record (compaction point and hard state) is made durable before the WAL segments
@@ -44,7 +51,8 @@ use super::replica::{
 use crate::key::Key;
 use crate::log::{recovery, Command, Wal};
 use crate::message::Value;
-use crate::metrics::{RaftFigures, RaftRecorder, BATCH_BUCKETS, LATENCY_BUCKETS_S};
+use crate::metrics::{RaftDrops, RaftFigures, RaftRecorder, BATCH_BUCKETS, LATENCY_BUCKETS_S};
+use crate::ops::ratelimit::monotonic_ms;
 use crate::storage::engine::{Engine, LsmEnv, LsmStats, Opened};
 use crate::storage::io as dio;
 use crate::storage::{LsmOptions, Store, StoreError, Sync};
@@ -120,7 +128,8 @@ pub struct ReplicatedStore {
     proposal_room: glommio::sync::Semaphore,
     wal_bytes_max: u64,
     closed: Cell<bool>,
-    messages_dropped: Cell<u64>,
+    /// Raft messages dropped on their way to and from the transport, by where.
+    drops: Cell<RaftDrops>,
     leader_changes: Cell<u64>,
     recorder: RefCell<RaftRecorder>,
     /// A snapshot is being built for a follower.
@@ -132,8 +141,6 @@ pub struct ReplicatedStore {
     snapshots_installed: Cell<u64>,
     /// The driver stopped on this error (the shard watches `role_changed` and stops the node).
     failure: RefCell<Option<StoreError>>,
-    /// Leader only: when each peer was last heard from (responses to appends and heartbeats).
-    heard: RefCell<BTreeMap<u64, std::time::Instant>>,
 }
 
 impl ReplicatedStore {
@@ -200,14 +207,13 @@ impl ReplicatedStore {
             proposal_room: glommio::sync::Semaphore::new(PROPOSAL_BYTES_MAX),
             wal_bytes_max,
             closed: Cell::new(false),
-            messages_dropped: Cell::new(0),
+            drops: Cell::new(RaftDrops::default()),
             leader_changes: Cell::new(0),
             recorder: RefCell::new(RaftRecorder::default()),
             building_snapshot: Cell::new(false),
             snapshot_not_before: Cell::new(std::time::Instant::now()),
             snapshots_sent: Cell::new(0),
             snapshots_installed: Cell::new(0),
-            heard: RefCell::new(BTreeMap::new()),
             failure: RefCell::new(None),
         })
     }
@@ -230,35 +236,16 @@ impl ReplicatedStore {
 
     /// A Raft message from a peer's replica of this shard.
     pub fn step(&self, message: Message) {
-        let from = message.from;
         if self.replica.borrow_mut().step(message).is_ok() {
-            self.heard
-                .borrow_mut()
-                .insert(from, std::time::Instant::now());
             self.kick();
         }
     }
 
-    /// Whether this leader may still act as the only one: a quorum (itself included) was heard
-    /// from within half an election timeout. A new leader needs the followers to miss a whole
-    /// election timeout of this one's heartbeats first, so a leader cut off from its peers
-    /// stops dispatching before another can start: no copy is handed out by a deposed leader
-    /// after a newer one committed its delete.
-    pub fn lease_valid(&self) -> bool {
-        let lease = self.config.tick * (self.config.replica.election_ticks as u32) / 2;
-        let voters = &self.config.replica.voters;
-        let now = std::time::Instant::now();
-        let heard = self.heard.borrow();
-        let recent = voters
-            .iter()
-            .filter(|id| **id != self.config.replica.id)
-            .filter(|id| {
-                heard
-                    .get(id)
-                    .is_some_and(|t| now.duration_since(*t) < lease)
-            })
-            .count();
-        recent + 1 > voters.len() / 2
+    /// Whether this replica may hand out a copy now: it serves, and a quorum answered one of
+    /// its heartbeats sent within the lease (see `super::leadership`). Every path that hands
+    /// a copy to a consumer or to a dead-letter topic asks this at the moment it does.
+    pub fn may_hand_out(&self) -> bool {
+        self.replica.borrow().may_hand_out(monotonic_ms())
     }
 
     /// This replica's role and whether it serves (leads and has caught up).
@@ -280,20 +267,43 @@ impl ReplicatedStore {
         self.replica.borrow().status()
     }
 
-    pub fn messages_dropped(&self) -> u64 {
-        self.messages_dropped.get()
+    /// Counts Raft messages the shard dropped on their way to or from the transport.
+    pub fn count_drops(&self, count: impl FnOnce(&mut RaftDrops)) {
+        let mut drops = self.drops.get();
+        count(&mut drops);
+        self.drops.set(drops);
+    }
+
+    /// Stops the driver for good on `error`: from this instant the replica serves and hands
+    /// out nothing, waiting proposals fail, and the shard's role watcher stops the node.
+    fn stop(&self, error: StoreError) {
+        if self.failure.borrow().is_some() {
+            return;
+        }
+        tracing::error!(dir = %self.engine.dir().display(), "the raft driver stops: {error}");
+        self.replica.borrow_mut().fail();
+        self.fail_waiters(&error);
+        *self.failure.borrow_mut() = Some(error);
+        self.note_role();
+        self.role_changed.notify();
     }
 
     /// The driver loop. See the module docs.
     async fn drive(self: Rc<Self>, kicks: LocalReceiver<()>) {
         let mut next_tick = std::time::Instant::now() + self.config.tick;
         while !self.closed.get() {
+            // The log or the engine failed (a failed fdatasync is seen here even when no new
+            // record would notice it): the node cannot go on with this shard. The shard's
+            // role watcher sees this and stops the broker (no shard left wedged).
+            let healthy = self.wal.check().and_then(|()| self.engine.check_writable());
+            if let Err(e) = healthy {
+                if !self.closed.get() {
+                    self.stop(e);
+                }
+                return;
+            }
             if let Err(e) = self.run_work().await {
-                // The log or the engine failed: the node cannot go on with this shard. The
-                // shard's role watcher sees this and stops the broker (no shard left wedged).
-                self.fail_waiters(&e);
-                *self.failure.borrow_mut() = Some(e);
-                self.role_changed.notify();
+                self.stop(e);
                 return;
             }
             if self.replica.borrow().snapshot_wanted()
@@ -601,10 +611,14 @@ impl ReplicatedStore {
         Ok(())
     }
 
-    fn send(&self, messages: Vec<Message>) {
+    fn send(&self, mut messages: Vec<Message>) {
         if messages.is_empty() {
             return;
         }
+        // Heartbeats carry their send time: the lease counts from it (see `super::leadership`).
+        self.replica
+            .borrow_mut()
+            .stamp(monotonic_ms(), &mut messages);
         let n = messages.len() as u64;
         let snapshots: Vec<u64> = messages
             .iter()
@@ -612,7 +626,7 @@ impl ReplicatedStore {
             .map(|m| m.to)
             .collect();
         if self.outbox.try_send(messages).is_err() {
-            self.messages_dropped.set(self.messages_dropped.get() + n);
+            self.count_drops(|d| d.outbox_full += n);
         }
         for to in snapshots {
             // Sent or dropped, the leader probes the follower again: a lost snapshot makes it
@@ -735,7 +749,8 @@ impl ReplicatedStore {
             commit: status.commit,
             applied: status.applied,
             leader_changes: self.leader_changes.get(),
-            messages_dropped: self.messages_dropped.get(),
+            drops: self.drops.get(),
+            closes_lost: 0, // the shard's figure (`Shard::raft_figures`)
             commit_latency: recorder.commit_latency.snapshot(LATENCY_BUCKETS_S),
             append_batch_entries: recorder.append_batch_entries.snapshot(BATCH_BUCKETS),
             follower_lag: status
@@ -750,7 +765,12 @@ impl ReplicatedStore {
     async fn reclaim(self: Rc<Self>) {
         while !self.closed.get() {
             self.engine.flushed().await;
-            if self.engine.check_writable().is_err() || self.closed.get() {
+            if self.closed.get() {
+                return;
+            }
+            if let Err(e) = self.engine.check_writable() {
+                // The engine failed for good: the driver must not outlive it.
+                self.stop(e);
                 return;
             }
             if let Err(e) = self.compact().await {

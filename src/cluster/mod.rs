@@ -3,6 +3,8 @@
 //!
 //! - [`record`]: what a shard's WAL holds in a cluster (entries, hard state, checkpoints); pure.
 //! - [`raft_log`]: the raft core's `Storage`, the in-memory mirror of that WAL; pure.
+//! - [`leadership`]: whether a replica may act as the one leader — take proposals, hand out
+//!   copies (first entry of the term, the lease, step-down); pure, fed by the replica.
 //! - [`replica`]: the driver's pure core (Ready → work for the shell), shared with the
 //!   deterministic simulation (`tests/cluster_sim.rs`).
 //! - [`driver`]: `ReplicatedStore`, the glommio shell that drives a replica on its shard's core
@@ -15,6 +17,7 @@
 //!   mesh (`crate::server::shard`).
 
 pub mod driver;
+pub mod leadership;
 pub mod raft_log;
 pub mod record;
 pub mod replica;

@@ -13,15 +13,19 @@
 //! responses) are held until the fdatasync covering it, and only then is the Ready reported
 //! persisted, so one fdatasync covers every Ready appended while the previous one was in flight.
 //!
-//! Leadership: a new leader serves (accepts proposals, and its shell dispatches) only once it
-//! has applied its own first entry of the term, so every command of earlier terms — the event-id
-//! high-water mark, deletes — is in its state first.
+//! Leadership: whether this replica serves (takes proposals) and may hand out copies is
+//! [`Leadership`]'s to say (the first-entry-of-term rule, the lease, step-down); the replica
+//! feeds it the core's state after every step, tick and Ready, and the peers' heartbeat answers.
+//! A restarted replica ignores vote requests for one election timeout (its quiet period): it
+//! may have answered a leader's heartbeat just before it went down, and that leader's lease
+//! counts on it not voting for another so soon.
 
 use std::collections::VecDeque;
 
 use raft::eraftpb::{Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole};
 
+use super::leadership::{Leadership, LeadershipConfig, RaftState};
 use super::raft_log::RaftLog;
 use super::record::RaftRecord;
 
@@ -36,6 +40,9 @@ pub struct ReplicaConfig {
     pub max_message_bytes: u64,
     /// Append messages in flight per follower.
     pub max_inflight_messages: usize,
+    /// How long a heartbeat answered by a quorum keeps the leader's lease (see
+    /// [`LeadershipConfig::lease_ms`]); below the election timeout.
+    pub lease_ms: u64,
 }
 
 /// Where the shell appends a [`Work`]'s record; returns its log sequence number (the WAL's).
@@ -76,6 +83,8 @@ struct Pending {
     seq: Option<u64>,
     /// A snapshot's Ready, waiting for [`Replica::snapshot_written`].
     blocked: bool,
+    /// A snapshot's Ready (until it is persisted; see [`Replica::installing_snapshot`]).
+    snapshot: bool,
     messages: Vec<Message>,
 }
 
@@ -113,8 +122,10 @@ pub struct ReplicaStatus {
 pub struct Replica {
     node: RawNode<RaftLog>,
     unpersisted: VecDeque<Pending>,
-    /// While leader: the index of this term's first entry; it serves once that is applied.
-    leader_start: Option<u64>,
+    leadership: Leadership,
+    /// Ticks left of the quiet period after a (re)start, during which vote requests are
+    /// ignored (see the module docs).
+    quiet_ticks: usize,
     applied: u64,
     last_role: Role,
     /// State of the seeded generator of election timeouts, once
@@ -150,14 +161,33 @@ impl Replica {
             leader: false,
             leader_id: 0,
         };
-        Ok(Replica {
+        let leadership = Leadership::new(LeadershipConfig {
+            id: config.id,
+            voters: config.voters.clone(),
+            lease_ms: config.lease_ms,
+        });
+        let mut replica = Replica {
             node,
             unpersisted: VecDeque::new(),
-            leader_start: None,
+            leadership,
+            quiet_ticks: config.election_ticks,
             applied,
             last_role,
             election_seed: None,
-        })
+        };
+        replica.observe();
+        Ok(replica)
+    }
+
+    /// Feeds the leadership core the raft core's state (after anything that may change it).
+    fn observe(&mut self) {
+        let raft = &self.node.raft;
+        self.leadership.observe(RaftState {
+            term: raft.term,
+            leader: raft.state == StateRole::Leader,
+            applied: self.applied,
+            last_index: raft.raft_log.last_index(),
+        });
     }
 
     /// Draws every later election timeout from a generator seeded with `seed` instead of the
@@ -198,24 +228,66 @@ impl Replica {
     }
 
     pub fn tick(&mut self) {
+        if self.installing_snapshot() {
+            return;
+        }
         let before = self.term_and_state();
+        self.quiet_ticks = self.quiet_ticks.saturating_sub(1);
         self.node.tick();
         self.redraw_if_reset(before);
+        self.observe();
     }
 
     /// Takes a message from a peer. Messages for another group member, or stale ones, are
-    /// dropped by the core (Raft tolerates loss).
+    /// dropped by the core (Raft tolerates loss); so are vote requests during the quiet
+    /// period after a (re)start.
     pub fn step(&mut self, message: Message) -> Result<(), raft::Error> {
+        if self.quiet_ticks > 0 && asks_for_vote(&message, self.node.raft.term) {
+            return Ok(());
+        }
+        if self.installing_snapshot() && message.get_msg_type() == MessageType::MsgTimeoutNow {
+            return Ok(());
+        }
         let before = self.term_and_state();
         let rejected_by = (message.get_msg_type() == MessageType::MsgAppendResponse
             && message.reject)
             .then_some(message.from);
+        self.leadership.on_message(&message);
         let result = self.node.step(message);
         if let Some(follower) = rejected_by {
             self.keep_next_past_match(follower);
         }
         self.redraw_if_reset(before);
+        self.observe();
         result
+    }
+
+    /// Stamps this leader's outgoing heartbeats with their send time, `now_ms` (the shell calls
+    /// it on every batch of messages just before the transport takes them; see
+    /// [`Leadership::stamp`]).
+    pub fn stamp(&mut self, now_ms: u64, messages: &mut [Message]) {
+        self.leadership.stamp(now_ms, messages);
+    }
+
+    /// Whether this replica may hand out a copy at `now_ms`: it serves and holds its lease.
+    pub fn may_hand_out(&self, now_ms: u64) -> bool {
+        self.leadership.may_hand_out(now_ms)
+    }
+
+    /// Until when this leader's lease holds (see [`Leadership::lease_until_ms`]).
+    pub fn lease_until_ms(&self) -> Option<u64> {
+        self.leadership.lease_until_ms()
+    }
+
+    /// The shell's driver stopped: this replica never serves again.
+    pub fn fail(&mut self) {
+        self.leadership.fail();
+    }
+
+    /// The highest index known committed, and its term (`None` if compacted away).
+    pub fn committed(&self) -> (u64, Option<u64>) {
+        let commit = self.node.raft.raft_log.committed;
+        (commit, self.log().entry_term(commit))
     }
 
     /// After a rejected append: raft-rs 0.7 lowers a probed follower's next index to
@@ -243,6 +315,7 @@ impl Replica {
         let before = self.term_and_state();
         let result = self.node.campaign();
         self.redraw_if_reset(before);
+        self.observe();
         result
     }
 
@@ -261,10 +334,10 @@ impl Replica {
         Ok((self.node.raft.term, self.node.raft.raft_log.last_index()))
     }
 
-    /// Leader of its term and caught up with every earlier term.
+    /// Leader of its term, caught up with every earlier term, neither handing over nor failed
+    /// (see [`Leadership::serving`]).
     pub fn serving(&self) -> bool {
-        self.node.raft.state == StateRole::Leader
-            && self.leader_start.is_some_and(|start| self.applied >= start)
+        self.leadership.serving()
     }
 
     pub fn role(&self) -> Role {
@@ -349,6 +422,7 @@ impl Replica {
             number,
             seq,
             blocked,
+            snapshot: blocked,
             messages: persisted_messages,
         });
         // A Ready with nothing to write is persisted as soon as those before it are.
@@ -384,8 +458,25 @@ impl Replica {
         }
         if let Some(number) = last {
             self.node.on_persist_ready(number);
+            // A persisted snapshot is applied: the core's applied index follows (it may only
+            // once the snapshot is persisted), or it would look for entries the snapshot
+            // replaced.
+            let log = &self.node.raft.raft_log;
+            let to = self.applied.min(log.persisted).min(log.committed);
+            if to > log.applied {
+                self.node.advance_apply_to(to);
+            }
         }
         messages
+    }
+
+    /// A snapshot was taken from the raft core and is not persisted yet. Meanwhile the core's
+    /// log starts past its applied index, and a campaign would look for the entries between
+    /// (raft-rs panics: "unexpected error getting unapplied entries ... Compacted"), so this
+    /// replica neither ticks nor takes a leader's transfer until then. Found by
+    /// `tests/cluster_sim.rs` (snapshots, seed 34).
+    fn installing_snapshot(&self) -> bool {
+        self.unpersisted.iter().any(|p| p.snapshot)
     }
 
     /// The shell installed the snapshot of the oldest blocked Ready and wrote its records up
@@ -398,6 +489,7 @@ impl Replica {
         if index > self.applied {
             self.applied = index;
         }
+        self.observe();
     }
 
     /// Whether the raft core asked for a snapshot to send a follower (and forgets the ask).
@@ -435,6 +527,7 @@ impl Replica {
             self.applied = index;
             self.node.advance_apply_to(index);
         }
+        self.observe();
     }
 
     pub fn applied(&self) -> u64 {
@@ -442,13 +535,8 @@ impl Replica {
     }
 
     fn note_role(&mut self) -> Option<Role> {
+        self.observe();
         let role = self.role();
-        if role.leader && self.leader_start.is_none() {
-            self.leader_start = Some(self.node.raft.raft_log.last_index());
-        }
-        if !role.leader {
-            self.leader_start = None;
-        }
         if role == self.last_role {
             return None;
         }
@@ -456,9 +544,9 @@ impl Replica {
         Some(role)
     }
 
-    /// Whether this replica just became able to serve (the shell rebuilds its pipeline then).
+    /// While leader: the index of this term's first entry (it serves once that is applied).
     pub fn leader_start(&self) -> Option<u64> {
-        self.leader_start
+        self.leadership.term_start()
     }
 
     /// Drops log entries through `index` (the state machine has them on disk and every follower
@@ -481,7 +569,10 @@ impl Replica {
             return None;
         }
         let to = self.status().followers.iter().max_by_key(|f| f.matched)?.id;
+        // The transferee campaigns without waiting out this leader's lease.
+        self.leadership.transfer_started();
         self.node.transfer_leader(to);
+        self.observe();
         Some(to)
     }
 
@@ -525,6 +616,14 @@ impl Replica {
             followers,
         }
     }
+}
+
+/// A request for a vote (or pre-vote) in a term past `term`: what the quiet period ignores.
+fn asks_for_vote(message: &Message, term: u64) -> bool {
+    matches!(
+        message.get_msg_type(),
+        MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+    ) && message.term > term
 }
 
 /// Whether a committed entry carries a command (the leader's empty entry of a new term and

@@ -401,9 +401,9 @@ const RAFT_COUNTERS: &[(&str, &str, RaftRead)] = &[
         |f| f.leader_changes,
     ),
     (
-        "pinq_raft_messages_dropped",
-        "Raft messages for peers dropped on the way to the transport (Raft retransmits).",
-        |f| f.messages_dropped,
+        "pinq_subscription_closes_lost",
+        "Ends of subscription streams (on a change of leader) another shard could no longer take.",
+        |f| f.closes_lost,
     ),
 ];
 
@@ -510,6 +510,19 @@ fn encode_raft(
                 .encode_counter::<NoLabelSet, _, u64>(&read(f), None)?;
         }
     }
+    let mut family = encoder.encode_descriptor(
+        "pinq_raft_messages_dropped",
+        "Raft messages dropped between a replica and its peers, by reason (Raft retransmits).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (shard, f) in &raft {
+        for (reason, n) in f.drops.by_reason() {
+            family
+                .encode_family(&[("shard", *shard), ("reason", reason)])?
+                .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+        }
+    }
     for (name, help, read) in RAFT_HISTOGRAMS {
         let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
         for (shard, f) in &raft {
@@ -583,6 +596,47 @@ mod tests {
             "{page}"
         );
         assert!(page.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn every_raft_drop_is_exported_with_its_reason() {
+        let slots = MetricsSlots::new(2);
+        let mut zero = snapshot(1);
+        zero.raft = Some(RaftFigures {
+            drops: crate::metrics::RaftDrops {
+                to_replica_full: 4,
+                transport_queue_full: 2,
+                ..Default::default()
+            },
+            closes_lost: 1,
+            ..RaftFigures::default()
+        });
+        let mut one = snapshot(1);
+        one.raft = Some(RaftFigures {
+            drops: crate::metrics::RaftDrops {
+                outbox_full: 3,
+                to_transport_full: 5,
+                ..Default::default()
+            },
+            ..RaftFigures::default()
+        });
+        slots.publish(0, zero);
+        slots.publish(1, one);
+        let page = render(&slots).unwrap();
+        for (shard, reason, n) in [
+            (0, "to_replica_full", 4),
+            (0, "transport_queue_full", 2),
+            (0, "outbox_full", 0),
+            (1, "outbox_full", 3),
+            (1, "to_transport_full", 5),
+            (1, "peer_not_connected", 0),
+        ] {
+            let line = format!(
+                "pinq_raft_messages_dropped_total{{shard=\"{shard}\",reason=\"{reason}\"}} {n}\n"
+            );
+            assert!(page.contains(&line), "{line} not in {page}");
+        }
+        assert!(page.contains("pinq_subscription_closes_lost_total{shard=\"0\"} 1\n"));
     }
 
     #[test]

@@ -203,14 +203,52 @@ pub struct RaftFigures {
     pub applied: u64,
     /// Times this replica saw the shard's leader change.
     pub leader_changes: u64,
-    /// Raft messages for peers dropped because the way to the transport was full.
-    pub messages_dropped: u64,
+    /// Raft messages dropped between the replica and the transport, by where.
+    pub drops: RaftDrops,
+    /// Subscription closes another shard could not take (it had stopped).
+    pub closes_lost: u64,
     /// A proposal → its entry committed and applied here (leader only).
     pub commit_latency: HistogramSnapshot,
     /// Entries per log record written (one record per Ready).
     pub append_batch_entries: HistogramSnapshot,
     /// Leader only: entries each follower lacks of the commit index, by peer node id.
     pub follower_lag: Vec<(u64, u64)>,
+}
+
+/// Raft messages a shard dropped on their way between its replica and the peers, by where
+/// (Raft retransmits what is lost; none vanishes uncounted). Shard 0 also reports its
+/// transport's drops.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaftDrops {
+    /// The driver's outbox to the shard's sender loop was full.
+    pub outbox_full: u64,
+    /// The channel to shard 0 (which runs the transport) was full.
+    pub to_transport_full: u64,
+    /// Shard 0: the channel to the replica's shard was full.
+    pub to_replica_full: u64,
+    /// Shard 0: the transport's queue to a peer was full.
+    pub transport_queue_full: u64,
+    /// Shard 0: the peer was not connected.
+    pub peer_not_connected: u64,
+    /// Shard 0: a message larger than `cluster.maxFrameBytes`.
+    pub oversize: u64,
+    /// Shard 0: an inbound message the transport could not take.
+    pub inbound: u64,
+}
+
+impl RaftDrops {
+    /// Each count with its `reason` label.
+    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
+        [
+            ("outbox_full", self.outbox_full),
+            ("to_transport_full", self.to_transport_full),
+            ("to_replica_full", self.to_replica_full),
+            ("transport_queue_full", self.transport_queue_full),
+            ("peer_not_connected", self.peer_not_connected),
+            ("oversize", self.oversize),
+            ("inbound", self.inbound),
+        ]
+    }
 }
 
 /// A replica's histograms (see [`RaftFigures`]); lives in the replicated store.

@@ -344,21 +344,38 @@ async fn shard_main(
         glommio::Latency::NotImportant,
         "pinq-background",
     );
-    glommio::spawn_local(shard.clone().dispatch_loop(dispatcher_kicks)).detach();
+    // Every long-lived task is supervised: one that returns outside a shutdown stops the node.
+    type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+    let supervised = |what: &'static str, task: Task| shard.clone().supervised(what, task);
+    glommio::spawn_local(supervised(
+        "the dispatch loop",
+        Box::pin(shard.clone().dispatch_loop(dispatcher_kicks)),
+    ))
+    .detach();
     // Deletes run beside dispatch, not in the background queue: a deleter starved by the
     // foreground lets ACKed messages pile up until the backlog bound pauses dispatch.
-    glommio::spawn_local(shard.clone().deleter_loop(deleter_kicks)).detach();
-    let _ = glommio::spawn_local_into(shard.clone().janitor_loop(), background).map(|t| t.detach());
-    let _ = glommio::spawn_local_into(shard.clone().metrics_loop(ops.slots.clone()), background)
-        .map(|t| t.detach());
+    glommio::spawn_local(supervised(
+        "the deleter loop",
+        Box::pin(shard.clone().deleter_loop(deleter_kicks)),
+    ))
+    .detach();
+    let janitor = supervised("the janitor loop", Box::pin(shard.clone().janitor_loop()));
+    let _ = glommio::spawn_local_into(janitor, background).map(|t| t.detach());
+    let metrics_loop = supervised(
+        "the metrics loop",
+        Box::pin(shard.clone().metrics_loop(ops.slots.clone())),
+    );
+    let _ = glommio::spawn_local_into(metrics_loop, background).map(|t| t.detach());
     for receiver in inbound {
-        let shard = shard.clone();
-        glommio::spawn_local(async move {
-            while let Some(msg) = receiver.recv().await {
-                shard.on_message(msg).await;
+        let receiving = {
+            let shard = shard.clone();
+            async move {
+                while let Some(msg) = receiver.recv().await {
+                    shard.on_message(msg).await;
+                }
             }
-        })
-        .detach();
+        };
+        glommio::spawn_local(supervised("a mesh receive loop", Box::pin(receiving))).detach();
     }
 
     // The first snapshot before the shard reports itself started: `/healthz` turns 200 as soon
@@ -459,6 +476,8 @@ fn driver_config(cluster: &ClusterConfig) -> DriverConfig {
             heartbeat_ticks: cluster.heartbeat_ticks,
             max_message_bytes: (cluster.entry_bytes_max() as u64).min(APPEND_MESSAGE_BYTES_MAX),
             max_inflight_messages: APPEND_MESSAGES_IN_FLIGHT,
+            // Half the election timeout: see `crate::cluster::leadership` for why it holds.
+            lease_ms: (cluster.election_timeout() / 2).as_millis() as u64,
         },
         tick: cluster.tick_interval,
         log_retain_entries: cluster.log_retain_entries,
@@ -478,8 +497,10 @@ fn start_cluster(
     config: &Config,
     outbox: LocalReceiver<Vec<raft::eraftpb::Message>>,
 ) -> Result<(), String> {
-    glommio::spawn_local(shard.clone().raft_out_loop(outbox)).detach();
-    glommio::spawn_local(shard.clone().role_loop()).detach();
+    let raft_out = shard.clone().raft_out_loop(outbox);
+    glommio::spawn_local(shard.clone().supervised("the raft sender loop", raft_out)).detach();
+    let roles = shard.clone().role_loop();
+    glommio::spawn_local(shard.clone().supervised("the role watcher", roles)).detach();
     let Some(cluster) = &config.cluster else {
         return Ok(());
     };

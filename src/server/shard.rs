@@ -25,6 +25,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::future::Future;
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -122,6 +123,9 @@ pub struct Shard {
     sinks: RefCell<AHashMap<u64, Rc<Sink>>>,
     next_sink: Cell<u64>,
     routes: RefCell<AHashMap<ConsumerId, Route>>,
+    /// Consumers whose queued copies a pump could not hand out (no lease): the dispatch loop
+    /// pumps them once the shard may hand out again. At most one entry per consumer.
+    held_back: RefCell<ahash::AHashSet<ConsumerId>>,
     dispatcher: Kick,
     deleter: Kick,
     /// Latency and size histograms; only this shard records, the metrics loop snapshots them.
@@ -147,6 +151,8 @@ pub struct Shard {
     pub transport: RefCell<Option<Rc<crate::cluster::transport::Transport>>>,
     /// Client requests refused by this shard, by code.
     refusals: Cell<RefusalCounts>,
+    /// Subscription closes another shard could not take (it had stopped).
+    closes_lost: Cell<u64>,
     auth_refusals: Cell<crate::security::auth::AuthRefusalCounts>,
     /// Rate limits of the loops' repeated store-error lines, by site.
     error_logs: RefCell<AHashMap<&'static str, RateLimit>>,
@@ -177,6 +183,7 @@ impl Shard {
             sinks: RefCell::new(AHashMap::new()),
             next_sink: Cell::new(1),
             routes: RefCell::new(AHashMap::new()),
+            held_back: RefCell::new(Default::default()),
             dispatcher,
             deleter,
             recorder: RefCell::new(ShardRecorder::default()),
@@ -189,6 +196,7 @@ impl Shard {
             core_epoch: Cell::new(0),
             transport: RefCell::new(None),
             refusals: Cell::new(RefusalCounts::default()),
+            closes_lost: Cell::new(0),
             auth_refusals: Cell::new(Default::default()),
             error_logs: RefCell::new(AHashMap::new()),
             publish: crate::config::PublishConfig::default(),
@@ -222,7 +230,10 @@ impl Shard {
 
     /// Refuses a request this shard cannot serve: in a cluster, unless it leads.
     fn check_serving(&self) -> Result<(), Refused> {
-        if self.serving.get() {
+        // The store's own state too: a replica that just stepped down accepts nothing, even
+        // before the role watcher has caught up (a subscription accepted then would outlive
+        // the pipeline reset that ends the others).
+        if self.serving.get() && self.replicated().is_none_or(|r| r.role().1) {
             return Ok(());
         }
         Err(Refused::NotLeader(self.leader_hint()))
@@ -524,6 +535,10 @@ impl Shard {
     /// only once its dead letter is stored (`pipeline::shard::dead_letter`). A failed publish is
     /// retried when the copy's guard (`inFlightTimeout`) runs out.
     fn send_dead_letters(self: &Rc<Self>) {
+        if !self.may_dispatch() {
+            // Handing a copy to the dead-letter topic is a hand-out: not without the lease.
+            return;
+        }
         let letters = self.core.borrow_mut().take_dead_letters();
         for letter in letters {
             let shard = self.clone();
@@ -547,6 +562,10 @@ impl Shard {
         };
         let owner = crate::key::TopicHash::of(&message.topic).shard(self.count);
         let epoch = self.core_epoch.get();
+        if !self.may_dispatch() {
+            // Lost the lease since it was taken: parked, tried again after the guard.
+            return;
+        }
         match self
             .call(owner, |reply| Request::Publish { batch, reply })
             .await
@@ -626,7 +645,7 @@ impl Shard {
     }
 
     /// Shard 0: a Raft message from a peer node for replica `shard` of this node. Never waits:
-    /// a full channel drops it (Raft retransmits).
+    /// a full channel drops it, counted (Raft retransmits).
     pub fn route_from_peer(&self, shard: usize, message: raft::eraftpb::Message) {
         if shard == self.id {
             if let Some(store) = self.replicated() {
@@ -635,21 +654,34 @@ impl Shard {
             return;
         }
         if let Some(Some(peer)) = self.peers.get(shard) {
-            let _ = peer.try_send(ShardMsg::RaftIn(vec![message]));
+            if peer.try_send(ShardMsg::RaftIn(vec![message])).is_err() {
+                self.count_raft_drops(|d| d.to_replica_full += 1);
+            }
+        }
+    }
+
+    /// Counts Raft messages this shard dropped (`pinq_raft_messages_dropped{reason}`).
+    fn count_raft_drops(&self, count: impl FnOnce(&mut crate::metrics::RaftDrops)) {
+        if let Some(store) = self.replicated() {
+            store.count_drops(count);
         }
     }
 
     /// Carries this replica's outgoing Raft messages to the transport (on shard 0, through the
-    /// mesh from any other shard, never waiting: a full channel drops them).
+    /// mesh from any other shard, never waiting: a full channel drops them, counted).
     pub async fn raft_out_loop(self: Rc<Self>, outbox: LocalReceiver<Vec<raft::eraftpb::Message>>) {
         while let Some(messages) = outbox.recv().await {
             if self.id == 0 {
                 self.send_to_peers(0, messages);
             } else if let Some(Some(peer)) = self.peers.first() {
-                let _ = peer.try_send(ShardMsg::RaftOut {
+                let n = messages.len() as u64;
+                let out = ShardMsg::RaftOut {
                     shard: self.id,
                     messages,
-                });
+                };
+                if peer.try_send(out).is_err() {
+                    self.count_raft_drops(|d| d.to_transport_full += n);
+                }
             }
         }
     }
@@ -658,13 +690,14 @@ impl Shard {
     /// event ids from the applied log, an empty in-flight table: what was in flight under the
     /// old leader is delivered again, at-least-once); one that stops serving drops its
     /// pipeline and ends its consumers' streams, so their clients subscribe on the new leader.
+    /// A stopped driver stops the node (see [`Shard::on_driver_stopped`]).
     pub async fn role_loop(self: Rc<Self>) {
         let Some(store) = self.replicated().cloned() else {
             return;
         };
         loop {
             if let Some(error) = store.failure() {
-                self.on_store_error("the raft driver", &error);
+                self.on_driver_stopped(&error);
                 return;
             }
             let (role, serving) = store.role();
@@ -672,6 +705,10 @@ impl Shard {
                 view.set_shard(self.id, store.status());
             }
             if serving != self.serving.get() {
+                if !serving {
+                    // Accept and hand out nothing from now on, not only once the reset is done.
+                    self.serving.set(false);
+                }
                 self.reset_pipeline().await;
                 if serving {
                     if let Err(e) = drive::recover_policies(&self.core, &self.store).await {
@@ -697,6 +734,9 @@ impl Shard {
             if self.draining.get() {
                 return;
             }
+            if store.role() != (role, serving) || store.failure().is_some() {
+                continue; // changed during the reset: its notification is already spent
+            }
             futures_lite::future::or(store.role_changed(), async {
                 glommio::timer::sleep(Duration::from_secs(1)).await;
             })
@@ -704,18 +744,69 @@ impl Shard {
         }
     }
 
-    /// A fresh pipeline core over the store's applied state; every consumer's stream ends.
-    async fn reset_pipeline(&self) {
+    /// The replica's driver stopped for good: the shard serves nothing from this instant (its
+    /// streams end) and the node stops with the reason: one failure rule, never a shard
+    /// serving with a dead driver (the standalone store heals a full disk instead; a Raft log
+    /// cannot refuse what its group committed).
+    fn on_driver_stopped(self: &Rc<Self>, error: &StoreError) {
+        self.serving.set(false);
+        self.end_streams();
+        let reason = format!("shard {}: the raft driver stopped: {error}", self.id);
+        if self.shutdown.fail(reason) {
+            tracing::error!(
+                shard = self.id,
+                "the raft driver stopped, stopping the node: {error}"
+            );
+        }
+    }
+
+    /// Runs a long-lived task of this shard. Should it ever return while the broker is not
+    /// shutting down, the shard stops serving and the node stops with a logged reason (a panic
+    /// stops it too: `super::shutdown::stop_node_on_panic`).
+    pub async fn supervised(self: Rc<Self>, what: &'static str, task: impl Future<Output = ()>) {
+        task.await;
+        if self.draining.get() || self.shutdown.is_requested() {
+            return;
+        }
+        self.serving.set(false);
+        self.end_streams();
+        let reason = format!("shard {}: {what} ended unexpectedly", self.id);
+        if self.shutdown.fail(reason.clone()) {
+            tracing::error!(shard = self.id, "{reason}; stopping the node");
+        }
+    }
+
+    /// Ends every consumer's stream this shard serves (their clients subscribe again, on the
+    /// shard's leader).
+    fn end_streams(self: &Rc<Self>) {
         let routes: Vec<Route> = self.routes.borrow_mut().drain().map(|(_, r)| r).collect();
         for route in routes {
             if route.sink.shard == self.id {
                 self.close_sink(route.sink.sink);
-            } else if let Some(Some(peer)) = self.peers.get(route.sink.shard) {
-                let _ = peer.try_send(ShardMsg::CloseSink {
-                    sink: route.sink.sink,
-                });
+            } else {
+                self.spawn_close_sink(route.sink);
             }
         }
+    }
+
+    /// Ends a subscription's stream on another shard. The close waits for room in the channel
+    /// (in a task of its own, so no caller waits): it never vanishes; one the receiving shard
+    /// can no longer take (it stopped) is counted.
+    fn spawn_close_sink(self: &Rc<Self>, sink: SinkAddr) {
+        let shard = self.clone();
+        glommio::spawn_local(async move {
+            let close = ShardMsg::CloseSink { sink: sink.sink };
+            if let Err(e) = shard.send_to(sink.shard, close).await {
+                shard.closes_lost.set(shard.closes_lost.get() + 1);
+                tracing::warn!(shard = shard.id, "a subscription's close was lost: {e}");
+            }
+        })
+        .detach();
+    }
+
+    /// A fresh pipeline core over the store's applied state; every consumer's stream ends.
+    async fn reset_pipeline(self: &Rc<Self>) {
+        self.end_streams();
         let limits = self.core.borrow().dedup_limits();
         let mut core = ShardCore::new(self.delivery.clone(), now_ms()).with_dedup_limits(limits);
         core.recover_event_ids(crate::storage::Store::event_id_high_water(&self.store));
@@ -779,10 +870,10 @@ impl Shard {
         }
     }
 
-    /// Whether this shard may hand out copies now: it serves and, in a cluster, holds its
-    /// leader lease (see `ReplicatedStore::lease_valid`).
+    /// Whether this shard may hand out copies now: it serves and, in a cluster, its replica
+    /// serves and holds its lease (`ReplicatedStore::may_hand_out`, `crate::cluster::leadership`).
     fn may_dispatch(&self) -> bool {
-        self.serving.get() && self.replicated().is_none_or(|r| r.lease_valid())
+        self.serving.get() && self.replicated().is_none_or(|r| r.may_hand_out())
     }
 
     // ---- sinks (connection side) ---------------------------------------------------------
@@ -877,6 +968,11 @@ impl Shard {
         let Some(sink) = self.routes.borrow().get(&consumer).map(|route| route.sink) else {
             return false;
         };
+        if !self.may_dispatch() {
+            // Asked at the moment of hand-out: without the lease the copies wait in the queue.
+            self.held_back.borrow_mut().insert(consumer);
+            return false;
+        }
         let now = now_ms();
         let deliveries = self.core.borrow_mut().drain(now, consumer, usize::MAX);
         if deliveries.is_empty() {
@@ -945,7 +1041,8 @@ impl Shard {
                 // Copies the pass let go wait for their records: the deleter loop writes them.
                 self.deleter.kick();
             }
-            let ready = self.core.borrow_mut().take_ready();
+            let mut ready = self.core.borrow_mut().take_ready();
+            ready.extend(self.held_back.borrow_mut().drain());
             for consumer in ready {
                 self.pump(consumer).await;
             }
@@ -1122,12 +1219,26 @@ impl Shard {
             stats,
             histograms: self.recorder.borrow().snapshot(),
             storage: self.store.storage_figures(),
-            raft: self.replicated().map(|r| r.raft_figures()),
+            raft: self.raft_figures(),
             problems: self.problems(health),
             refusals: self.refusals.get(),
             auth_refusals: self.auth_refusals.get(),
         };
         slots.publish(self.id, snapshot);
+    }
+
+    /// The replica's figures, with the drops of shard 0's transport and the lost closes.
+    fn raft_figures(&self) -> Option<crate::metrics::RaftFigures> {
+        let mut figures = self.replicated()?.raft_figures();
+        figures.closes_lost = self.closes_lost.get();
+        if let Some(transport) = self.transport.borrow().as_ref() {
+            let c = transport.counters();
+            figures.drops.transport_queue_full = c.dropped_queue_full;
+            figures.drops.peer_not_connected = c.dropped_not_connected;
+            figures.drops.oversize = c.dropped_oversize;
+            figures.drops.inbound = c.dropped_inbound;
+        }
+        Some(figures)
     }
 
     /// What keeps this shard from being healthy, for `/healthz` (empty while healthy).
