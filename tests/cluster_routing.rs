@@ -188,3 +188,119 @@ fn publish_through_a_seed_killed_right_after_hello_succeeds_on_another_member() 
     let got = consume_cli(&cluster.addr(survivor), "routed", "readers", 1);
     assert_eq!(got, ["after-the-seed-died"], "the publish was stored once");
 }
+
+/// `--cpus` of every member of the dead-letter test: two shards per node.
+const TWO_SHARDS: &str = "0,1";
+
+/// Starts three members with two shards each (shard ports chosen by the kernel).
+fn two_shard_cluster() -> Cluster {
+    let env = [
+        ("PINQ_DELIVERY_DELETE_BATCH_INTERVAL", "50ms"),
+        ("PINQ_DELIVERY_MAX_DELIVERIES", "2"),
+        ("PINQ_SERVER_SHARD_PORT_BASE", "0"),
+    ];
+    let mut cluster = Cluster::new(3, &env);
+    let ids = cluster.ids();
+    let args = ids
+        .iter()
+        .map(|&id| cluster.args(id, &[("--cpus", TWO_SHARDS)]))
+        .collect();
+    cluster.start_nodes(&ids, args);
+    cluster
+}
+
+/// Makes shards 0 and 1 be led by different nodes and returns their leaders: while one node
+/// leads both, it is killed (its shards elect among the others, each at random) and, if the
+/// new leaders coincide again, started again before the next round.
+fn leaders_on_different_nodes(cluster: &mut Cluster) -> (u64, u64) {
+    const ROUNDS_MAX: usize = 12;
+    for _ in 0..ROUNDS_MAX {
+        let running = cluster.running();
+        let l0 = cluster.wait_for_leader(0, &running, FIRST_ELECTION_TIMEOUT);
+        let l1 = cluster.wait_for_leader(1, &running, FIRST_ELECTION_TIMEOUT);
+        if l0 != l1 {
+            return (l0, l1);
+        }
+        for id in cluster.ids() {
+            if !running.contains(&id) {
+                let args = cluster.args(id, &[("--cpus", TWO_SHARDS)]);
+                cluster.start_nodes(&[id], vec![args]);
+            }
+        }
+        cluster.kill9(l0);
+    }
+    panic!("shards 0 and 1 were led by one node after {ROUNDS_MAX} elections");
+}
+
+async fn recv_within(
+    sub: &pinq::client::Subscription,
+    wait: Duration,
+) -> Option<pinq::client::Delivery> {
+    futures_lite::future::or(async { sub.recv().await.ok() }, async {
+        glommio::timer::sleep(wait).await;
+        None
+    })
+    .await
+}
+
+fn header<'a>(d: &'a pinq::client::Delivery, key: &str) -> Option<&'a str> {
+    d.headers
+        .iter()
+        .find(|h| h.key == key)
+        .and_then(|h| std::str::from_utf8(&h.value).ok())
+}
+
+#[test]
+fn dead_letter_reaches_its_topics_leader_on_another_node() {
+    use pinq::client::{AckLevel, Client, PublishMessage};
+    use pinq::key::TopicHash;
+
+    let _serial = serial();
+    let mut cluster = two_shard_cluster();
+    let (l0, l1) = leaders_on_different_nodes(&mut cluster);
+    // A topic on one shard whose dead-letter topic (`<topic>.dlq`) is on the other.
+    let topic = (0..1000)
+        .map(|i| format!("orders{i}"))
+        .find(|t| TopicHash::of(t).shard(2) != TopicHash::of(&format!("{t}.dlq")).shard(2))
+        .expect("a topic whose dead-letter topic is on the other shard");
+    let dlq = format!("{topic}.dlq");
+    let (source_leader, dlq_leader) = match TopicHash::of(&topic).shard(2) {
+        0 => (l0, l1),
+        _ => (l1, l0),
+    };
+    assert_ne!(source_leader, dlq_leader);
+    println!("{topic} led by node {source_leader}, {dlq} by node {dlq_leader}");
+    let source_addr = cluster.addr(source_leader);
+    let dlq_addr = cluster.addr(dlq_leader);
+    let (t, d) = (topic.clone(), dlq.clone());
+    let (attempts, letter) = on_executor(move || async move {
+        let source = Client::connect(source_addr.as_str()).await.expect("connect");
+        let inspector = Client::connect(dlq_addr.as_str()).await.expect("connect");
+        let dead = inspector
+            .subscribe(&d, "inspect", 0)
+            .await
+            .expect("subscribe to the dead-letter topic on its leader");
+        let sub = source.subscribe(&t, "workers", 0).await.expect("subscribe");
+        source
+            .publish([PublishMessage::new(t.as_str(), "poison")], AckLevel::Durable)
+            .await
+            .expect("publish");
+        let mut attempts = Vec::new();
+        while let Some(delivery) = recv_within(&sub, Duration::from_secs(2)).await {
+            attempts.push(delivery.attempt);
+            sub.nack(&[delivery.tag], 0).await.expect("nack");
+        }
+        let letter = recv_within(&dead, Duration::from_secs(15)).await;
+        if let Some(letter) = &letter {
+            dead.ack(&[letter.tag]).await.expect("ack the dead letter");
+        }
+        (attempts, letter)
+    });
+    assert_eq!(attempts, vec![1, 2], "two deliveries, then none");
+    let letter = letter.expect("the dead letter reached the dead-letter topic's leader");
+    assert_eq!(letter.payload, b"poison");
+    assert_eq!(header(&letter, "pinq-dlq-topic"), Some(topic.as_str()));
+    assert_eq!(header(&letter, "pinq-dlq-group"), Some("workers"));
+    assert_eq!(header(&letter, "pinq-dlq-attempts"), Some("2"));
+    assert_eq!(header(&letter, "pinq-dlq-reason"), Some("nack"));
+}

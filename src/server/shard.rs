@@ -150,6 +150,8 @@ pub struct Shard {
     error_logs: RefCell<AHashMap<&'static str, RateLimit>>,
     /// The publish limits a dead letter is checked against (as a client's publish is).
     publish: crate::config::PublishConfig,
+    /// Clustered: connections to the nodes that lead dead-letter topics' shards.
+    dead_letter_links: super::dead_letter_forward::DeadLetterLinks,
 }
 
 impl Shard {
@@ -190,6 +192,7 @@ impl Shard {
             auth_refusals: Cell::new(Default::default()),
             error_logs: RefCell::new(AHashMap::new()),
             publish: crate::config::PublishConfig::default(),
+            dead_letter_links: Default::default(),
         }
     }
 
@@ -494,8 +497,10 @@ impl Shard {
 
     /// Publishes the core's queued dead letters, each in a task of its own, durably to its
     /// topic's owning shard (this one or another, over the mesh); the copy is ACKed for its group
-    /// only once its dead letter is stored (`pipeline::shard::dead_letter`). A failed publish is
-    /// retried when the copy's guard (`inFlightTimeout`) runs out.
+    /// only once its dead letter is stored (`pipeline::shard::dead_letter`). In a cluster whose
+    /// dead-letter shard another node leads, it is published on that node
+    /// (`dead_letter_forward`). A failed publish is retried when the copy's guard
+    /// (`inFlightTimeout`) runs out.
     fn send_dead_letters(self: &Rc<Self>) {
         let letters = self.core.borrow_mut().take_dead_letters();
         for letter in letters {
@@ -520,17 +525,29 @@ impl Shard {
         };
         let owner = crate::key::TopicHash::of(&message.topic).shard(self.count);
         let epoch = self.core_epoch.get();
-        match self
+        let stored = match self
             .call(owner, |reply| Request::Publish { batch, reply })
             .await
         {
-            Ok(_) if self.core_epoch.get() == epoch => {
+            // Another node leads the dead-letter topic's shard: publish it there.
+            Err(Refused::NotLeader(LeaderHint {
+                client: Some(leader),
+                ..
+            })) => self
+                .dead_letter_links
+                .publish(&leader, &message)
+                .await
+                .map_err(|e| Refused::Failed(format!("forwarded to {leader}: {e}"))),
+            other => other.map(drop),
+        };
+        match stored {
+            Ok(()) if self.core_epoch.get() == epoch => {
                 self.core
                     .borrow_mut()
                     .on_dead_lettered(now_ms(), letter.key, letter.recipient);
                 self.deleter.kick();
             }
-            Ok(_) => {}
+            Ok(()) => {}
             Err(e) => self.log_limited("a dead letter", format_args!("{e}")),
         }
     }
