@@ -255,13 +255,23 @@ interface Subscription {
   # ended by the broker, too many calls in flight) changes nothing either: on protocol 2 its
   # `refusal` is set (`index` = `noIndex`) and `results` is empty (see "Errors" above).
 
-  ack @0 (tags :List(Data)) -> (results :List(TagResult), refusal :Refusal);
+  ack @0 (tags :List(Data), level :AckLevel) -> (results :List(TagResult), refusal :Refusal);
   # Acknowledges delivered copies. A message is deleted once every recipient it was dispatched to
-  # has acknowledged it.
+  # has acknowledged it. `level` says when the reply comes (unset = `durable`):
+  # - `durable`: once what the ACK changed is committed: the message's delete (or, while other
+  #   groups still hold copies, the record that this group is done) is fsynced on the owning
+  #   shard, and in a cluster committed by a quorum. After an `ok` at this level the copy is never
+  #   delivered again: not after a crash, a failover, a pause or a healed partition. The commit
+  #   starts at once (it does not wait for `delivery.deleteBatchInterval`).
+  # - `leader` (and `none`, which means the same here): once the owning shard accepted the ACK in
+  #   memory. A crash or failover before the delete commits may deliver the copy again.
 
-  nack @1 (tags :List(Data), delayMs :UInt64) -> (results :List(TagResult), refusal :Refusal);
+  nack @1 (tags :List(Data), delayMs :UInt64, level :AckLevel)
+      -> (results :List(TagResult), refusal :Refusal);
   # Hands delivered copies back for redelivery (to the next consumer of the group, or to this
-  # universal consumer) after `delayMs` milliseconds, 0 meaning at once.
+  # universal consumer) after `delayMs` milliseconds, 0 meaning at once. `level` as for `ack`:
+  # at `durable` (unset) the reply comes once the copy's delivery count is committed, so the
+  # `attempt` of its redelivery, and `maxDeliveries`, hold across a crash or failover.
 
   touch @2 (tags :List(Data)) -> (results :List(TagResult), refusal :Refusal);
   # Extends the lease of delivered copies: their in-flight timeout starts again from now.
@@ -272,7 +282,8 @@ interface Subscription {
 }
 
 enum AckLevel {
-  # How far a publish must have got before the broker replies.
+  # How far a publish (or an `ack`/`nack` of a `Subscription`) must have got before the broker
+  # replies.
 
   durable @0;
   # Default: written and fsynced on the owning shard (and, in a cluster, committed by a quorum).

@@ -195,6 +195,8 @@ impl ShardCore {
             self.dead_letter(key, recipient, attempts, why);
             return;
         }
+        // Written while the copy waits (its delay, or the next pass): see `records`.
+        self.save_attempts(key, recipient);
         let wait_ms = match (why, delay_ms) {
             (_, d) if d > 0 => d,
             (Release::Disconnect, _) => 0,

@@ -30,9 +30,10 @@ mod deletes;
 mod figures;
 mod passes;
 mod publish;
+mod records;
 mod transitions;
 
-pub use consumers::{ConsumerError, Delivery, TagResult};
+pub use consumers::{ConsumerError, Delivery, Settled, TagResult};
 pub use dead_letter::{DeadLetter, Release};
 pub use publish::StoreBatch;
 
@@ -41,6 +42,7 @@ use std::sync::Arc;
 
 use ahash::{AHashMap, AHashSet};
 
+use super::copies::{CopyWrites, Waiters};
 use super::dedup::{DedupLimits, DedupTable};
 use super::deleter::{Deleter, DeleterLimits};
 use super::dispatcher::{TopicDispatch, Unapplied};
@@ -148,6 +150,10 @@ pub struct ShardCore {
     /// dropped: a batch that answered with a pending original waits on it.
     settled: Rc<Signal>,
     policies: dead_letter::Policies,
+    /// Copy records queued, being written, and read back at start (`records`).
+    copies: CopyWrites,
+    /// `durable` ACKs and NACKs waiting for their commit; dropping the core loses them.
+    waiters: Waiters,
 }
 
 impl Drop for ShardCore {
@@ -202,6 +208,8 @@ impl ShardCore {
             counters: Counters::default(),
             dedup: DedupTable::new(DedupLimits::default()),
             settled: Rc::new(Signal::default()),
+            copies: CopyWrites::default(),
+            waiters: Waiters::default(),
         }
     }
 
