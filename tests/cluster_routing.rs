@@ -274,7 +274,9 @@ fn dead_letter_reaches_its_topics_leader_on_another_node() {
     let dlq_addr = cluster.addr(dlq_leader);
     let (t, d) = (topic.clone(), dlq.clone());
     let (attempts, letter) = on_executor(move || async move {
-        let source = Client::connect(source_addr.as_str()).await.expect("connect");
+        let source = Client::connect(source_addr.as_str())
+            .await
+            .expect("connect");
         let inspector = Client::connect(dlq_addr.as_str()).await.expect("connect");
         let dead = inspector
             .subscribe(&d, "inspect", 0)
@@ -282,7 +284,10 @@ fn dead_letter_reaches_its_topics_leader_on_another_node() {
             .expect("subscribe to the dead-letter topic on its leader");
         let sub = source.subscribe(&t, "workers", 0).await.expect("subscribe");
         source
-            .publish([PublishMessage::new(t.as_str(), "poison")], AckLevel::Durable)
+            .publish(
+                [PublishMessage::new(t.as_str(), "poison")],
+                AckLevel::Durable,
+            )
             .await
             .expect("publish");
         let mut attempts = Vec::new();
