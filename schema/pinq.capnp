@@ -86,7 +86,7 @@ interface Broker {
   # The bootstrap capability of a pinq connection.
 
   hello @0 (clientVersion :UInt32, token :Data)
-      -> (serverVersion :UInt32, shardCount :UInt32, shardId :UInt32);
+      -> (serverVersion :UInt32, shardCount :UInt32, shardId :UInt32, members :List(Text));
   # Version handshake: call once, first. Every other call before a successful `hello` fails
   # (type `failed`, text `helloRequired: ...`). `clientVersion` is the `protocolVersion` the
   # client was built against; a version the broker does not speak fails the call
@@ -103,6 +103,11 @@ interface Broker {
   # against its permissions (topic prefixes to publish to and to consume from, admin calls);
   # a call outside them fails with `forbidden: ...` naming the token, the action and the topic.
   # A broker without tokens ignores the field. Send tokens only over TLS.
+  #
+  # `members` (added after protocol version 2; empty from older brokers and from a standalone
+  # one): the client address of every member of the cluster, this node included, as this node
+  # knows them. A client learns the whole cluster in the handshake, so a seed that dies right
+  # after answering it still leaves the client the other members to try.
 
   publish @1 (messages :List(PublishMessage), ackLevel :AckLevel)
       -> (tags :List(Data), notLeader :NotLeader, refusal :Refusal);

@@ -54,7 +54,8 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 #[derive(Debug, Args)]
 pub struct PublishArgs {
-    /// Broker address, e.g. 127.0.0.1:7400.
+    /// Broker address, e.g. 127.0.0.1:7400; in a cluster any member, or several separated by
+    /// commas (tried in turn until one answers; the others are learned from it).
     #[arg(long, default_value = "127.0.0.1:7400")]
     pub server: String,
     #[command(flatten)]
@@ -84,6 +85,7 @@ pub struct PublishArgs {
 
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
+    /// Broker address; in a cluster any member, or several separated by commas.
     #[arg(long, default_value = "127.0.0.1:7400")]
     pub server: String,
     #[command(flatten)]

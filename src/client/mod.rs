@@ -257,6 +257,8 @@ type Closing = Pin<Box<dyn Future<Output = Result<(), capnp::Error>>>>;
 struct Connection {
     broker: broker::Client,
     server: ServerInfo,
+    /// The cluster's members' client addresses from the handshake (empty: standalone).
+    members: Vec<String>,
     options: ClientOptions,
     /// The host name this connection's TLS certificate was checked against.
     tls_name: String,
@@ -368,7 +370,7 @@ impl Client {
         let disconnector = rpc_system.get_disconnector();
         let rpc_task = glommio::spawn_local(rpc_system);
 
-        let server = match hello(&broker, PROTOCOL_VERSION, options).await {
+        let (server, members) = match hello(&broker, PROTOCOL_VERSION, options).await {
             // A broker of protocol 1 only: speak 1, whose refusals are exceptions.
             Err(e) if e.refusal() == Some(RefusalCode::UnsupportedVersion) => {
                 hello(&broker, PROTOCOL_VERSION_MIN, options).await?
@@ -379,6 +381,7 @@ impl Client {
             conn: Rc::new(Connection {
                 broker,
                 server,
+                members,
                 options: options.clone(),
                 tls_name: match &options.security.tls {
                     Some(ClientTls {
@@ -396,6 +399,12 @@ impl Client {
     /// What the broker answered in the handshake.
     pub fn server(&self) -> ServerInfo {
         self.conn.server
+    }
+
+    /// The client address of every cluster member, as the broker named them in the handshake
+    /// (empty from a standalone broker or one older than this field).
+    pub fn members(&self) -> &[String] {
+        &self.conn.members
     }
 
     /// Opens another connection, straight to the port of the shard that owns `topic` (from
@@ -580,7 +589,7 @@ async fn hello(
     broker: &broker::Client,
     version: u32,
     options: &ClientOptions,
-) -> Result<ServerInfo, ClientError> {
+) -> Result<(ServerInfo, Vec<String>), ClientError> {
     let mut request = broker.hello_request();
     request.get().set_client_version(version);
     if let Some(token) = &options.security.token {
@@ -603,7 +612,19 @@ async fn hello(
             client: version,
         });
     }
-    Ok(server)
+    let mut members = Vec::new();
+    if hello.has_members() {
+        for (i, member) in (0u32..).zip(hello.get_members().map_err(ClientError::bad_reply)?) {
+            let member = member.map_err(ClientError::bad_reply)?;
+            let text = member.to_str().map_err(|_| {
+                ClientError::BadReply(WireError::NotUtf8 {
+                    field: rpc::Field::at("members", i, ""),
+                })
+            })?;
+            members.push(text.to_owned());
+        }
+    }
+    Ok((server, members))
 }
 
 /// glommio refuses a zero connect timeout.

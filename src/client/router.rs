@@ -2,12 +2,15 @@
 //! the leader across a failover.
 //!
 //! Against a standalone broker it is one connection. Against a cluster it starts from any node
-//! (the seed), learns every member's client address (`clusterStatus`) and each shard's leader
-//! (`topology`), and keeps one connection per node it talks to. A request that meets a
-//! follower (`NotLeader`) goes to the leader named in the answer; one that meets a dead or
-//! paused node (the connection drops, or no answer within `request_timeout`) is tried on the
-//! other members until one answers as the leader, for at most `patience`. Retrying a publish
-//! whose answer was lost may store it twice: at-least-once.
+//! (the seed; or the first of several that answers), learns every member's client address
+//! from the handshake of every node it reaches (and `clusterStatus`) and each shard's leader
+//! (`topology`), and keeps one connection per node it talks to. So a seed that dies right
+//! after its handshake still leaves the other members to try. A request that meets a follower
+//! (`NotLeader`) goes to the leader named in the answer; one that meets a dead or paused node
+//! (the connection fails or drops, or no answer within `request_timeout`) is tried on the
+//! other members until one answers as the leader, for at most `patience`; a node that failed is
+//! tried after the others for `suspect_for`. Retrying a publish whose answer was lost may store
+//! it twice: at-least-once.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -28,6 +31,12 @@ pub struct RouterOptions {
     pub patience: Duration,
     /// Longest one try may wait for its answer (a paused node answers nothing).
     pub request_timeout: Duration,
+    /// Longest the questions that teach the router the cluster (`clusterStatus`, `topology`)
+    /// may wait on one node: a node that does not answer them is skipped, not waited for.
+    pub learn_timeout: Duration,
+    /// How long a node whose connection failed, or that did not answer in time, is tried only
+    /// after every other member (it is dead, paused, or cut off).
+    pub suspect_for: Duration,
 }
 
 impl Default for RouterOptions {
@@ -39,6 +48,8 @@ impl Default for RouterOptions {
             },
             patience: Duration::from_secs(20),
             request_timeout: Duration::from_secs(5),
+            learn_timeout: Duration::from_secs(1),
+            suspect_for: Duration::from_secs(2),
         }
     }
 }
@@ -46,8 +57,10 @@ impl Default for RouterOptions {
 /// See the module docs.
 pub struct Router {
     options: RouterOptions,
-    /// Client addresses of the members (the seed first).
+    /// Client addresses of the members: the seeds first, then those learned.
     members: RefCell<Vec<String>>,
+    /// Members that failed lately, by the time until which they are tried last.
+    suspects: RefCell<AHashMap<String, Instant>>,
     conns: RefCell<AHashMap<String, Client>>,
     /// The leader's client address by shard, as last learned.
     leaders: RefCell<AHashMap<u32, String>>,
@@ -55,20 +68,47 @@ pub struct Router {
 }
 
 impl Router {
-    /// Connects to `seed` (any node of a cluster, or a standalone broker) and learns the
-    /// cluster's members and leaders.
-    pub async fn connect(seed: &str, options: RouterOptions) -> Result<Router, ClientError> {
-        let client = Client::connect_with(seed, &options.client).await?;
+    /// Connects to `seeds` (one address of any node of a cluster, or several separated by
+    /// commas, or a standalone broker), trying each in turn until one answers, and learns the
+    /// cluster's members (from the handshake, and `clusterStatus`) and leaders (`topology`).
+    pub async fn connect(seeds: &str, options: RouterOptions) -> Result<Router, ClientError> {
+        let seeds: Vec<String> = seeds
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let mut last_error = None;
+        for seed in &seeds {
+            match Client::connect_with(seed, &options.client).await {
+                Ok(client) => return Ok(Router::start(seed, seeds.clone(), client, options).await),
+                Err(e) => {
+                    tracing::debug!(%seed, "seed unreachable: {e}");
+                    last_error = Some(e);
+                }
+            }
+        }
+        Err(last_error.unwrap_or_else(|| ClientError::Disconnected("no seed address".to_owned())))
+    }
+
+    async fn start(
+        seed: &str,
+        seeds: Vec<String>,
+        client: Client,
+        options: RouterOptions,
+    ) -> Router {
         let router = Router {
             shard_count: client.server().shard_count.max(1),
             options,
-            members: RefCell::new(vec![seed.to_owned()]),
+            members: RefCell::new(seeds),
+            suspects: RefCell::new(AHashMap::new()),
             conns: RefCell::new(AHashMap::new()),
             leaders: RefCell::new(AHashMap::new()),
         };
+        router.add_members(client.members());
         router.learn(&client).await;
         router.conns.borrow_mut().insert(seed.to_owned(), client);
-        Ok(router)
+        router
     }
 
     /// Whether the seed is a cluster member with peers (a standalone broker has none): only
@@ -77,22 +117,36 @@ impl Router {
         self.members.borrow().len() > 1
     }
 
+    /// The members' client addresses known now (the seeds first).
+    pub fn members(&self) -> Vec<String> {
+        self.members.borrow().clone()
+    }
+
     /// The shard that owns `topic`.
     pub fn shard_of(&self, topic: &str) -> u32 {
         TopicHash::of(topic).shard(self.shard_count as usize) as u32
     }
 
-    /// Learns the members' addresses and the shards' leaders from `client`'s node.
-    async fn learn(&self, client: &Client) {
-        if let Ok(status) = client.cluster_status().await {
-            let mut members = self.members.borrow_mut();
-            for node in status.nodes {
-                if !node.client_address.is_empty() && !members.contains(&node.client_address) {
-                    members.push(node.client_address);
-                }
+    fn add_members<'a>(&self, addresses: impl IntoIterator<Item = &'a String>) {
+        let mut members = self.members.borrow_mut();
+        for address in addresses {
+            if !address.is_empty() && !members.contains(address) {
+                members.push(address.clone());
             }
         }
-        if let Ok(shards) = client.topology().await {
+    }
+
+    /// Learns the members' addresses and the shards' leaders from `client`'s node, waiting at
+    /// most `learn_timeout` for each answer: a node that dies or pauses right after its
+    /// handshake teaches nothing, and the members its handshake named remain to be tried.
+    async fn learn(&self, client: &Client) {
+        let limit = self.options.learn_timeout;
+        if let Some(Ok(status)) = within(limit, client.cluster_status()).await {
+            let addresses: Vec<String> =
+                status.nodes.into_iter().map(|n| n.client_address).collect();
+            self.add_members(&addresses);
+        }
+        if let Some(Ok(shards)) = within(limit, client.topology()).await {
             let mut leaders = self.leaders.borrow_mut();
             for shard in shards {
                 if !shard.leader_address.is_empty() {
@@ -107,6 +161,8 @@ impl Router {
             return Ok(client.clone());
         }
         let client = Client::connect_with(addr, &self.options.client).await?;
+        // Every node reached names the members it knows in its handshake.
+        self.add_members(client.members());
         self.conns
             .borrow_mut()
             .insert(addr.to_owned(), client.clone());
@@ -114,13 +170,27 @@ impl Router {
     }
 
     /// Where to send a request for `shard` on try number `attempt`: its leader when known,
-    /// otherwise the members in turn.
+    /// otherwise the members in turn, those that failed lately last.
     fn address_for(&self, shard: u32, attempt: usize) -> String {
         if let Some(addr) = self.leaders.borrow().get(&shard) {
             return addr.clone();
         }
-        let members = self.members.borrow();
-        members[attempt % members.len()].clone()
+        let mut suspects = self.suspects.borrow_mut();
+        let now = Instant::now();
+        suspects.retain(|_, until| *until > now);
+        pick_member(
+            &self.members.borrow(),
+            |m| suspects.contains_key(m),
+            attempt,
+        )
+    }
+
+    /// `addr` failed: tried last for `suspect_for`, and its connection dropped.
+    fn suspect(&self, addr: &str) {
+        self.conns.borrow_mut().remove(addr);
+        self.suspects
+            .borrow_mut()
+            .insert(addr.to_owned(), Instant::now() + self.options.suspect_for);
     }
 
     /// A connection to the node that leads `shard` (as far as is known now).
@@ -211,7 +281,7 @@ impl Router {
                     ClientError::NotLeader(hint)
                 }
                 Err(e) if is_transient(&e) => {
-                    self.conns.borrow_mut().remove(&addr);
+                    self.suspect(&addr);
                     self.leaders.borrow_mut().remove(&shard);
                     e
                 }
@@ -236,19 +306,35 @@ impl Router {
         let timeout = self.options.request_timeout;
         let attempt = async {
             let client = self.client_at(addr).await?;
-            if self.members.borrow().len() == 1 {
-                self.learn(&client).await;
-            }
             call(client).await
         };
-        futures_lite::future::or(attempt, async {
-            glommio::timer::sleep(timeout).await;
+        within(timeout, attempt).await.unwrap_or_else(|| {
             Err(ClientError::Disconnected(format!(
                 "no answer from {addr} within {timeout:?}"
             )))
         })
-        .await
     }
+}
+
+/// The member to try on try number `attempt` when no leader is known: the members that are
+/// not suspect in turn, or, when all are, all of them in turn. `members` is never empty (it
+/// holds the seed).
+fn pick_member(members: &[String], is_suspect: impl Fn(&String) -> bool, attempt: usize) -> String {
+    let trusted: Vec<&String> = members.iter().filter(|m| !is_suspect(m)).collect();
+    if trusted.is_empty() {
+        members[attempt % members.len()].clone()
+    } else {
+        trusted[attempt % trusted.len()].clone()
+    }
+}
+
+/// `future`'s output, or `None` if it takes longer than `limit`.
+async fn within<T>(limit: Duration, future: impl Future<Output = T>) -> Option<T> {
+    futures_lite::future::or(async { Some(future.await) }, async {
+        glommio::timer::sleep(limit).await;
+        None
+    })
+    .await
 }
 
 /// Errors another node (or a later try) may not have: the node is gone or paused, it is
@@ -268,4 +354,29 @@ fn is_transient(e: &ClientError) -> bool {
 
 fn backoff(attempt: usize) -> Duration {
     Duration::from_millis((20u64 << attempt.min(4)).min(300))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_member;
+
+    fn members() -> Vec<String> {
+        ["a", "b", "c"].iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn members_that_failed_lately_are_tried_last() {
+        let members = members();
+        let picked: Vec<String> = (0..4)
+            .map(|i| pick_member(&members, |m| m == "a", i))
+            .collect();
+        assert_eq!(picked, ["b", "c", "b", "c"]);
+    }
+
+    #[test]
+    fn when_every_member_failed_lately_all_are_tried_in_turn() {
+        let members = members();
+        let picked: Vec<String> = (0..4).map(|i| pick_member(&members, |_| true, i)).collect();
+        assert_eq!(picked, ["a", "b", "c", "a"]);
+    }
 }

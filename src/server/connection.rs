@@ -704,6 +704,15 @@ impl broker::Server for BrokerImpl {
         } else {
             rpc::ANY_SHARD
         });
+        if let Some(view) = &self.shard.cluster {
+            // The whole cluster in the handshake: a client whose seed dies right after this
+            // answer still knows where else to go (`client::Router`).
+            let members: Vec<String> = view.nodes().into_iter().filter_map(|n| n.client).collect();
+            let mut list = reply.init_members(members.len() as u32);
+            for (i, member) in (0u32..).zip(&members) {
+                list.set(i, member.as_str());
+            }
+        }
         Ok(())
     }
 

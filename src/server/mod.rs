@@ -11,6 +11,7 @@
 //! shard has shut down gracefully.
 
 pub mod connection;
+pub mod dead_letter_forward;
 pub mod exclusive;
 pub mod limits;
 pub mod mesh;

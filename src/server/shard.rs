@@ -158,6 +158,8 @@ pub struct Shard {
     error_logs: RefCell<AHashMap<&'static str, RateLimit>>,
     /// The publish limits a dead letter is checked against (as a client's publish is).
     publish: crate::config::PublishConfig,
+    /// Clustered: connections to the nodes that lead dead-letter topics' shards.
+    dead_letter_links: super::dead_letter_forward::DeadLetterLinks,
 }
 
 impl Shard {
@@ -200,6 +202,7 @@ impl Shard {
             auth_refusals: Cell::new(Default::default()),
             error_logs: RefCell::new(AHashMap::new()),
             publish: crate::config::PublishConfig::default(),
+            dead_letter_links: Default::default(),
         }
     }
 
@@ -532,8 +535,10 @@ impl Shard {
 
     /// Publishes the core's queued dead letters, each in a task of its own, durably to its
     /// topic's owning shard (this one or another, over the mesh); the copy is ACKed for its group
-    /// only once its dead letter is stored (`pipeline::shard::dead_letter`). A failed publish is
-    /// retried when the copy's guard (`inFlightTimeout`) runs out.
+    /// only once its dead letter is stored (`pipeline::shard::dead_letter`). In a cluster whose
+    /// dead-letter shard another node leads, it is published on that node
+    /// (`dead_letter_forward`). A failed publish is retried when the copy's guard
+    /// (`inFlightTimeout`) runs out.
     fn send_dead_letters(self: &Rc<Self>) {
         if !self.may_dispatch() {
             // Handing a copy to the dead-letter topic is a hand-out: not without the lease.
@@ -566,17 +571,29 @@ impl Shard {
             // Lost the lease since it was taken: parked, tried again after the guard.
             return;
         }
-        match self
+        let stored = match self
             .call(owner, |reply| Request::Publish { batch, reply })
             .await
         {
-            Ok(_) if self.core_epoch.get() == epoch => {
+            // Another node leads the dead-letter topic's shard: publish it there.
+            Err(Refused::NotLeader(LeaderHint {
+                client: Some(leader),
+                ..
+            })) => self
+                .dead_letter_links
+                .publish(&leader, &message)
+                .await
+                .map_err(|e| Refused::Failed(format!("forwarded to {leader}: {e}"))),
+            other => other.map(drop),
+        };
+        match stored {
+            Ok(()) if self.core_epoch.get() == epoch => {
                 self.core
                     .borrow_mut()
                     .on_dead_lettered(now_ms(), letter.key, letter.recipient);
                 self.deleter.kick();
             }
-            Ok(_) => {}
+            Ok(()) => {}
             Err(e) => self.log_limited("a dead letter", format_args!("{e}")),
         }
     }
