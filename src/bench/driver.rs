@@ -54,6 +54,8 @@ pub struct LoadOptions {
     /// Consumers group ACKs into one call per this window (0: one call per delivered batch).
     pub ack_group: Duration,
     pub ack_level: AckLevel,
+    /// Level of the consumers' ACKs and NACKs (`pinq bench --ack-level`).
+    pub settle_level: AckLevel,
     /// How long after sending ends the bench waits for the last deliveries (beyond the longest
     /// delay of the mix).
     pub drain_timeout: Duration,
@@ -406,6 +408,7 @@ async fn client_thread(
     let samples = Rc::new(RefCell::new(Vec::new()));
     let mut tasks = Vec::new();
     for (receiver, sub) in subscriptions {
+        sub.set_ack_level(options.settle_level);
         let acks = (!options.ack_group.is_zero())
             .then(|| sub.ack_group(options.ack_group, CONSUME_BATCH_MAX));
         tasks.push(glommio::spawn_local(consume(

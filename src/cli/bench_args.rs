@@ -113,6 +113,10 @@ pub struct BenchArgs {
     /// Acknowledgement level of publishes.
     #[arg(long, value_enum, default_value = "durable")]
     pub ack: AckArg,
+    /// Level of the consumers' ACKs and NACKs: `durable` (answered once committed) or `leader`
+    /// (answered once accepted in memory).
+    #[arg(long, value_enum, default_value = "durable")]
+    pub ack_level: AckArg,
     /// Longest wait for the last deliveries after sending ends (beyond the longest delay).
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub drain_timeout: Duration,
@@ -187,6 +191,7 @@ impl BenchArgs {
                 consumer_queue_len: self.consumer_queue,
                 ack_group: self.ack_group,
                 ack_level: self.ack.into(),
+                settle_level: self.ack_level.into(),
                 drain_timeout: self.drain_timeout,
                 backlog_max: self.backlog_max,
                 security: self

@@ -5,9 +5,10 @@
 //! - `pinq publish --server ADDR --topic T [--delay DUR] [--ttl DUR] [--ack durable|leader|none] [MESSAGE...]`
 //!   (no MESSAGE: one message per line of stdin, sent in batches); exits 0 once every message is
 //!   acknowledged at the requested level.
-//! - `pinq consume --server ADDR --topic T [--group G] [--count N] [--timeout DUR] [--nack]`:
-//!   prints each payload on its own line, then ACKs (or NACKs) it; never handles more than N;
-//!   exits 0 when N are handled or DUR has passed.
+//! - `pinq consume --server ADDR --topic T [--group G] [--count N] [--timeout DUR] [--nack]
+//!   [--ack-level durable|leader]`: prints each payload on its own line, then ACKs (or NACKs)
+//!   it, at `durable` unless told otherwise (the ACK is committed before the next batch);
+//!   never handles more than N; exits 0 when N are handled or DUR has passed.
 //! - `pinq stats --server ADDR`, `pinq topology --server ADDR`.
 
 use std::io::{BufRead, Write};
@@ -101,6 +102,11 @@ pub struct ConsumeArgs {
     /// NACK each message instead of ACKing it (it will be redelivered).
     #[arg(long)]
     pub nack: bool,
+    /// When the broker answers an ACK (or NACK): `durable` once it is committed (the message
+    /// is never delivered again, even after a crash or failover), `leader` once the broker
+    /// accepted it in memory.
+    #[arg(long, value_enum, default_value = "durable")]
+    pub ack_level: AckArg,
 }
 
 #[derive(Debug, Args)]
@@ -331,6 +337,7 @@ pub fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
                     out.flush()?;
                 }
                 let tags: Vec<_> = batch[..take].iter().map(|d| d.tag).collect();
+                subscription.set_ack_level(args.ack_level.into());
                 let settled = if args.nack {
                     subscription.nack(&tags, 0).await
                 } else {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures_channel::oneshot;
 
-use super::{ClientError, EventKey, Pending, Refusal, TagResult, WireError};
+use super::{AckLevel, ClientError, EventKey, Pending, Refusal, TagResult, WireError};
 use crate::rpc;
 use crate::rpc::pinq_capnp::subscription;
 
@@ -52,11 +52,17 @@ pub struct AckGroup {
     capability: subscription::Client,
     window: Duration,
     max_tags: usize,
+    level: AckLevel,
     open: Rc<RefCell<Open>>,
 }
 
 impl AckGroup {
-    pub(super) fn new(capability: subscription::Client, window: Duration, max_tags: usize) -> Self {
+    pub(super) fn new(
+        capability: subscription::Client,
+        window: Duration,
+        max_tags: usize,
+        level: AckLevel,
+    ) -> Self {
         let max_tags = match max_tags {
             0 => ACK_GROUP_TAGS_MAX,
             n => n.min(ACK_GROUP_TAGS_MAX),
@@ -65,6 +71,7 @@ impl AckGroup {
             capability,
             window,
             max_tags,
+            level,
             open: Rc::default(),
         }
     }
@@ -115,7 +122,7 @@ impl AckGroup {
         if waiters.is_empty() {
             return;
         }
-        let reply = super::subscription::ack_call(&self.capability, &tags);
+        let reply = super::subscription::ack_call(&self.capability, &tags, self.level);
         glommio::spawn_local(async move { answer(waiters, reply.await) }).detach();
     }
 

@@ -8,7 +8,9 @@ use std::rc::Rc;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use uuid::Uuid;
 
-use super::{AckGroup, Client, ClientError, Delivery, EventKey, Pending, TagResult, WireError};
+use super::{
+    AckGroup, AckLevel, Client, ClientError, Delivery, EventKey, Pending, TagResult, WireError,
+};
 use crate::rpc::pinq_capnp::{consumer, subscription};
 use crate::rpc::{self, Field};
 
@@ -83,6 +85,8 @@ pub struct Subscription {
     max_unacked: u32,
     topic: String,
     group: String,
+    /// The level of [`Subscription::ack`], [`Subscription::nack`] and ACK groups.
+    ack_level: std::cell::Cell<AckLevel>,
 }
 
 impl fmt::Debug for Subscription {
@@ -180,7 +184,19 @@ impl Subscription {
             max_unacked: reply.get_max_unacked(),
             topic: topic.to_owned(),
             group: group.to_owned(),
+            ack_level: std::cell::Cell::new(AckLevel::Durable),
         })
+    }
+
+    /// Sets the level of later [`Self::ack`] and [`Self::nack`] calls and of ACK groups made
+    /// after it (default `durable`: answered once the ACK is committed, so the copy is never
+    /// delivered again; `leader`: once the broker accepted it in memory).
+    pub fn set_ack_level(&self, level: AckLevel) {
+        self.ack_level.set(level);
+    }
+
+    pub fn ack_level(&self) -> AckLevel {
+        self.ack_level.get()
     }
 
     /// The `queueSize` in force, as the broker answered: it never has more deliveries than this
@@ -275,7 +291,7 @@ impl Subscription {
 
     /// Acknowledges delivered messages; one result per tag, in order.
     pub fn ack(&self, tags: &[EventKey]) -> Pending<Vec<TagResult>> {
-        ack_call(&self.capability, tags)
+        ack_call(&self.capability, tags, self.ack_level.get())
     }
 
     /// ACKs of this subscription grouped into one call per `window` (or per `max_tags` tags,
@@ -283,7 +299,12 @@ impl Subscription {
     /// consumer that settles messages one by one, at the price of ACKs reaching the broker up
     /// to `window` later. See [`AckGroup`].
     pub fn ack_group(&self, window: std::time::Duration, max_tags: usize) -> AckGroup {
-        AckGroup::new(self.capability.clone(), window, max_tags)
+        AckGroup::new(
+            self.capability.clone(),
+            window,
+            max_tags,
+            self.ack_level.get(),
+        )
     }
 
     /// Hands delivered messages back for redelivery after `delay_ms` (0: at once).
@@ -293,6 +314,7 @@ impl Subscription {
             return too_many_tags(tags);
         };
         request.get().set_delay_ms(delay_ms);
+        request.get().set_level(self.ack_level.get().into());
         rpc::write_tags(request.get().init_tags(count), tags);
         tag_results!(request.send().promise, count)
     }
@@ -324,8 +346,10 @@ impl Subscription {
 pub(super) fn ack_call(
     capability: &subscription::Client,
     tags: &[EventKey],
+    level: AckLevel,
 ) -> Pending<Vec<TagResult>> {
     let mut request = capability.ack_request();
+    request.get().set_level(level.into());
     let Some(count) = tag_count(tags) else {
         return too_many_tags(tags);
     };

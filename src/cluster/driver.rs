@@ -417,6 +417,12 @@ impl ReplicatedStore {
                 .filter_map(|(_, v)| Command::decode(v.as_bytes()).ok())
                 .filter(|c| matches!(c, Command::GroupPolicy { .. }))
                 .collect();
+            // Copy records too: a follower that leads later neither redelivers a copy a group
+            // ACKed durably nor counts its deliveries from 1 again.
+            let records: Vec<_> = rows
+                .iter()
+                .filter_map(|(k, v)| crate::log::copies::CopyRecord::from_row(k, v.as_bytes()).ok())
+                .collect();
             let messages = rows
                 .into_iter()
                 .filter_map(|(k, v)| crate::key::EventKey::parse(&k).ok().map(|k| (k, v)))
@@ -438,6 +444,14 @@ impl ReplicatedStore {
             writer.push(&command).map_err(|e| e.to_string())?;
             for policy in &policies {
                 writer.push(policy).map_err(|e| e.to_string())?;
+            }
+            if !records.is_empty() {
+                let copies = Command::Copies {
+                    records,
+                    deleted: Vec::new(),
+                    dropped: Vec::new(),
+                };
+                writer.push(&copies).map_err(|e| e.to_string())?;
             }
             if !full {
                 break;
@@ -490,6 +504,7 @@ impl ReplicatedStore {
             self.apply_one(index, &Command::Delete { keys }).await?;
         }
         self.forget_sequences(index).await?;
+        self.forget_copy_records(index).await?;
         for command in &commands {
             self.apply_one(index, command).await?;
         }
@@ -539,6 +554,31 @@ impl ReplicatedStore {
             if !full {
                 return Ok(());
             }
+        }
+    }
+
+    /// Drops every copy record this follower held before a snapshot (the snapshot brings the
+    /// leader's; one whose message the leader deleted must not outlive it here).
+    async fn forget_copy_records(&self, index: u64) -> Result<(), StoreError> {
+        let (start, end) = crate::log::copies::copy_key_range();
+        loop {
+            let rows = self
+                .engine
+                .scan(&start, Some(&end), SNAPSHOT_PAGE_KEYS)
+                .await?;
+            let dropped: Vec<_> = rows
+                .iter()
+                .filter_map(|(k, _)| crate::log::copies::CopyId::from_store_key(k))
+                .collect();
+            if dropped.is_empty() {
+                return Ok(());
+            }
+            let command = Command::Copies {
+                records: Vec::new(),
+                deleted: Vec::new(),
+                dropped,
+            };
+            self.apply_one(index, &command).await?;
         }
     }
 

@@ -2,8 +2,9 @@
 //!
 //! A snapshot carries every live message of the shard as `Store` commands (and the event-id
 //! high-water mark in them), its idempotent-publish entries in `StoreSequenced` commands, and
-//! each group policy as the `GroupPolicy` command the log applied. A follower drops its own
-//! messages and publish entries before it applies them. The leader builds it by scanning its engine page by page while it
+//! each group policy as the `GroupPolicy` command the log applied, and its copy records
+//! (deliveries so far, group ACKs: `crate::log::copies`) in `Copies` commands. A follower drops
+//! its own messages, publish entries and copy records before it applies them. The leader builds it by scanning its engine page by page while it
 //! keeps applying, so the pages may show effects of entries after the snapshot's index; that
 //! is sound because every command is idempotent per key (a key is stored once, with one value,
 //! and a delete is final), and the follower replays the entries after the index anyway.

@@ -18,6 +18,15 @@
 //!           | forget u32 LE | event_id u64 LE*
 //! ```
 //!
+//! copies (kind 4) = count u32 LE | (key[24] | group u64 LE | attempts u32 LE | flags u8)*
+//!                    | deleted u32 LE | key[24]* | dropped u32 LE | (key[24] | group u64 LE)*
+//! ```
+//!
+//! Kind 4 writes [`super::copies`] records (a group's copy: deliveries so far, ACKed or not) and,
+//! when it deletes messages whose copies have records, deletes both in one atomic change (a
+//! delete without records stays kind 2).
+//!
+//! ```text
 //! Kinds 1 and 2 are the message log. Kind 3 (a group's redelivery policy, written by the
 //! `setGroupPolicy` admin call) is shard metadata: the store keeps it under a key whose first
 //! u64 is [`POLICY_KEY_PREFIX`] (top bit set, so never an event key), and the shard reads it back
@@ -29,6 +38,7 @@
 //! Decoding checks the checksum first, then every length against the bytes present before
 //! allocating, and refuses trailing bytes: bytes from a disk or a peer are untrusted.
 
+use super::copies::{CopyId, CopyRecord, COPY_RECORD_BYTES};
 use super::sequences::{sequence_key, SequenceEntry};
 use crate::key::{EventKey, Key, TopicHash, EVENT_KEY_LEN};
 use crate::message::Value;
@@ -39,6 +49,7 @@ pub const COMMAND_VERSION: u8 = 1;
 
 const KIND_STORE: u8 = 1;
 const KIND_DELETE: u8 = 2;
+const KIND_COPIES: u8 = 4;
 const KIND_STORE_SEQUENCED: u8 = 5;
 /// Smallest encoded sequence entry: an empty producer, sequence, tag and time.
 const SEQUENCE_ENTRY_BYTES_MIN: usize = 1 + 8 + EVENT_KEY_LEN + 8;
@@ -79,6 +90,13 @@ pub enum Command {
         group: String,
         policy: PolicyOverride,
     },
+    /// Writes copy records (replacing earlier ones of the same copies) and deletes messages
+    /// together with the records of their copies, in one atomic change.
+    Copies {
+        records: Vec<CopyRecord>,
+        deleted: Vec<EventKey>,
+        dropped: Vec<CopyId>,
+    },
 }
 
 /// Why bytes are not a valid command.
@@ -109,6 +127,11 @@ impl Command {
                 ..
             } => messages.len() + remember.len() + forget.len(),
             Command::GroupPolicy { .. } => 1,
+            Command::Copies {
+                records,
+                deleted,
+                dropped,
+            } => records.len() + deleted.len() + dropped.len(),
         }
     }
 
@@ -123,7 +146,7 @@ impl Command {
                 event_id_high_water,
                 ..
             } => Some(*event_id_high_water),
-            Command::Delete { .. } | Command::GroupPolicy { .. } => None,
+            Command::Delete { .. } | Command::GroupPolicy { .. } | Command::Copies { .. } => None,
         }
     }
 
@@ -166,6 +189,24 @@ impl Command {
                 Command::policy_key(topic, group),
                 Some(Value::copy_from_slice(&self.to_bytes())),
             ),
+            Command::Copies {
+                records,
+                deleted,
+                dropped,
+            } => {
+                for record in records {
+                    op(
+                        record.id.store_key(),
+                        Some(Value::copy_from_slice(&record.to_value())),
+                    );
+                }
+                for key in deleted {
+                    op(key.to_key(), None);
+                }
+                for id in dropped {
+                    op(id.store_key(), None);
+                }
+            }
         }
     }
 
@@ -234,6 +275,15 @@ impl Command {
                         + policy.dead_letter_topic.as_ref().map_or(0, String::len)
                         + 16
                 }
+                Command::Copies {
+                    records,
+                    deleted,
+                    dropped,
+                } => {
+                    12 + records.len() * COPY_RECORD_BYTES
+                        + deleted.len() * EVENT_KEY_LEN
+                        + dropped.len() * (EVENT_KEY_LEN + 8)
+                }
             }
     }
 
@@ -283,6 +333,14 @@ impl Command {
                 out.push(KIND_GROUP_POLICY);
                 encode_policy(topic, group, policy, out);
             }
+            Command::Copies {
+                records,
+                deleted,
+                dropped,
+            } => {
+                out.push(KIND_COPIES);
+                encode_copies(records, deleted, dropped, out);
+            }
         }
         let crc = crc32c::crc32c(&out[start + 4..]);
         out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
@@ -321,6 +379,7 @@ impl Command {
             KIND_DELETE => decode_delete(&mut r)?,
             KIND_STORE_SEQUENCED => decode_store_sequenced(&mut r)?,
             KIND_GROUP_POLICY => decode_policy(&mut r)?,
+            KIND_COPIES => decode_copies(&mut r)?,
             found => return Err(CommandError::UnknownKind { found }),
         };
         if !r.buf.is_empty() {
@@ -401,6 +460,52 @@ fn decode_store_body(r: &mut Reader<'_>) -> Result<StoreBody, CommandError> {
         messages.push((key, value));
     }
     Ok((messages, event_id_high_water))
+}
+
+fn encode_copies(
+    records: &[CopyRecord],
+    deleted: &[EventKey],
+    dropped: &[CopyId],
+    out: &mut Vec<u8>,
+) {
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    for record in records {
+        record.encode(out);
+    }
+    out.extend_from_slice(&(deleted.len() as u32).to_le_bytes());
+    for key in deleted {
+        out.extend_from_slice(key.as_bytes());
+    }
+    out.extend_from_slice(&(dropped.len() as u32).to_le_bytes());
+    for id in dropped {
+        out.extend_from_slice(id.key.as_bytes());
+        out.extend_from_slice(&id.group.to_le_bytes());
+    }
+}
+
+fn decode_copies(r: &mut Reader<'_>) -> Result<Command, CommandError> {
+    let count = r.count("copy record count", COPY_RECORD_BYTES)?;
+    let records = (0..count)
+        .map(|_| {
+            CopyRecord::decode(r.take(COPY_RECORD_BYTES, "copy record")?)
+                .map_err(|e| CommandError::Malformed { what: e.what })
+        })
+        .collect::<Result<_, _>>()?;
+    let count = r.count("deleted key count", EVENT_KEY_LEN)?;
+    let deleted = (0..count).map(|_| r.key()).collect::<Result<_, _>>()?;
+    let count = r.count("dropped copy count", EVENT_KEY_LEN + 8)?;
+    let dropped = (0..count)
+        .map(|_| {
+            let key = r.key()?;
+            let group = r.u64("dropped copy group")?;
+            Ok(CopyId { key, group })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Command::Copies {
+        records,
+        deleted,
+        dropped,
+    })
 }
 
 fn decode_delete(r: &mut Reader<'_>) -> Result<Command, CommandError> {
@@ -520,6 +625,15 @@ impl<'a> Reader<'a> {
         String::from_utf8(bytes.to_vec()).map_err(|_| CommandError::Malformed { what })
     }
 
+    /// A u32 count of items of `item_bytes` each, refused when the bytes left cannot hold it.
+    fn count(&mut self, what: &'static str, item_bytes: usize) -> Result<usize, CommandError> {
+        let count = self.u32(what)? as usize;
+        if count > self.buf.len() / item_bytes {
+            return Err(CommandError::Malformed { what });
+        }
+        Ok(count)
+    }
+
     fn key(&mut self) -> Result<EventKey, CommandError> {
         EventKey::parse(self.take(EVENT_KEY_LEN, "event key")?)
             .map_err(|_| CommandError::Malformed { what: "event key" })
@@ -576,6 +690,45 @@ mod tests {
         }
     }
 
+    fn copies() -> Command {
+        let id = |i: u64| CopyId {
+            key: EventKey::new(TopicHash(5), 2, i),
+            group: 0xfeed_0000 + i,
+        };
+        Command::Copies {
+            records: vec![
+                CopyRecord {
+                    id: id(1),
+                    attempts: 2,
+                    acked: false,
+                },
+                CopyRecord {
+                    id: id(2),
+                    attempts: 1,
+                    acked: true,
+                },
+            ],
+            deleted: vec![id(3).key],
+            dropped: vec![id(3), id(4)],
+        }
+    }
+
+    #[test]
+    fn copies_put_records_and_delete_messages_with_their_records() {
+        let mut puts = Vec::new();
+        let mut deletes = Vec::new();
+        copies().for_each_op(|k, v| match v {
+            Some(v) => puts.push((k, v)),
+            None => deletes.push(k),
+        });
+        assert_eq!(puts.len(), 2);
+        let record = CopyRecord::from_row(&puts[1].0, puts[1].1.as_bytes()).unwrap();
+        assert!(record.acked && record.attempts == 1);
+        assert_eq!(deletes.len(), 3);
+        assert!(EventKey::parse(&deletes[0]).is_ok());
+        assert!(CopyId::from_store_key(&deletes[2]).is_some());
+    }
+
     fn policy() -> Command {
         Command::GroupPolicy {
             topic: "jobs".into(),
@@ -605,6 +758,7 @@ mod tests {
             store_sequenced(),
             policy(),
             unset,
+            copies(),
         ] {
             let bytes = command.to_bytes();
             assert_eq!(bytes.len(), command.encoded_len());
@@ -614,7 +768,7 @@ mod tests {
 
     #[test]
     fn every_flipped_bit_is_refused() {
-        for command in [store(), delete(), store_sequenced(), policy()] {
+        for command in [store(), delete(), store_sequenced(), policy(), copies()] {
             let bytes = command.to_bytes();
             for byte in 0..bytes.len() {
                 for bit in 0..8 {
@@ -631,7 +785,7 @@ mod tests {
 
     #[test]
     fn every_truncation_is_refused() {
-        for command in [store(), store_sequenced(), policy()] {
+        for command in [store(), store_sequenced(), policy(), copies()] {
             let bytes = command.to_bytes();
             for cut in 0..bytes.len() {
                 assert!(Command::decode(&bytes[..cut]).is_err(), "cut at {cut}");

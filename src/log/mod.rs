@@ -19,6 +19,7 @@
 //! propose → apply → wait; the pipeline only produces commands.
 
 pub mod command;
+pub mod copies;
 pub mod recovery;
 pub mod sequences;
 pub mod wal;

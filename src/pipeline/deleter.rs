@@ -38,6 +38,8 @@ pub const EAGER_KEYS: usize = 1024;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeleteBatch {
     pub keys: Vec<EventKey>,
+    /// Copy records of these messages, deleted with them (filled in by the shard core).
+    pub dropped: Vec<crate::log::copies::CopyId>,
 }
 
 /// The deleter's bounds (from `DeliveryConfig`).
@@ -63,6 +65,8 @@ pub struct Deleter {
     last_cut_ms: u64,
     /// A batch failed since the last cut: the next one waits for the interval.
     backing_off: bool,
+    /// A call waits for a queued key's delete (a `durable` ACK): the next batch is due at once.
+    hurried: bool,
     pub failures_total: u64,
     pub batches_total: u64,
     pub keys_total: u64,
@@ -83,6 +87,7 @@ impl Deleter {
             keys_out: 0,
             last_cut_ms: now_ms,
             backing_off: false,
+            hurried: false,
             failures_total: 0,
             batches_total: 0,
             keys_total: 0,
@@ -97,6 +102,12 @@ impl Deleter {
         } else {
             false
         }
+    }
+
+    /// A call waits for a queued delete: cut the next batch as soon as a slot is free, without
+    /// waiting for the interval (a failing store still backs off).
+    pub fn hurry(&mut self) {
+        self.hurried = true;
     }
 
     pub fn contains(&self, key: &EventKey) -> bool {
@@ -130,7 +141,7 @@ impl Deleter {
             return None;
         }
         let eager = EAGER_KEYS.min(self.limits.batch_keys_max);
-        if self.queue.len() >= eager && !self.backing_off {
+        if (self.queue.len() >= eager || self.hurried) && !self.backing_off {
             return Some(self.last_cut_ms);
         }
         Some(self.last_cut_ms.saturating_add(self.limits.interval_ms))
@@ -160,7 +171,12 @@ impl Deleter {
         self.keys_out += keys.len();
         self.last_cut_ms = now_ms;
         self.backing_off = false;
-        DeleteBatch { keys }
+        // Keys still queued may include hurried ones: the next cut stays due at once.
+        self.hurried = self.hurried && !self.queue.is_empty();
+        DeleteBatch {
+            keys,
+            dropped: Vec::new(),
+        }
     }
 
     /// Whether keys wait or a batch is out: a shutdown must not close the store before this is

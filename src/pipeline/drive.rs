@@ -6,13 +6,16 @@
 
 use std::cell::RefCell;
 
+use super::copies::CopyBatch;
 use super::dedup::Originals;
 use super::deleter::DeleteBatch;
 use super::shard::{ShardCore, StoreBatch};
 use crate::batch::ValidatedBatch;
 use crate::config::AckLevel;
 use crate::key::EventKey;
+use crate::log::copies::{copy_key_range, CopyId, CopyRecord};
 use crate::log::sequences::{sequence_key_range, SequenceEntry};
+use crate::log::Command;
 use crate::storage::{Store, StoreError, Sync};
 
 /// Why a publish failed. A batch reaches the core validated (see [`crate::batch`]): only the
@@ -154,13 +157,33 @@ async fn wait_for_originals(
     }
 }
 
-/// Runs one dispatch pass. Returns whether it was productive (run the next one at once).
+/// Runs one dispatch pass and writes the copy records waiting before and after it (one task
+/// does everything here; the shell writes records from its deleter loop instead). Returns
+/// whether the next pass should run at once: the pass was productive, or it let copies go
+/// whose records are now written (they are servable in the next pass).
 pub async fn dispatch_pass<S: Store>(
     core: &RefCell<ShardCore>,
     store: &S,
     now_ms: u64,
 ) -> Result<bool, StoreError> {
-    dispatch_pass_if(core, store, now_ms, || true).await
+    write_copy_records(core, store).await?;
+    let productive = dispatch_pass_if(core, store, now_ms, || true).await?;
+    let waiting = core.borrow().copies_waiting();
+    write_copy_records(core, store).await?;
+    Ok(productive || waiting)
+}
+
+/// Writes every copy-record batch waiting, one at a time.
+pub async fn write_copy_records<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+) -> Result<(), StoreError> {
+    loop {
+        let Some(batch) = core.borrow_mut().take_copy_batch() else {
+            return Ok(());
+        };
+        write_copy_batch_if(core, store, batch, || true).await?;
+    }
 }
 
 /// [`dispatch_pass`] that stops, without handing its reads to `core`, once `current()` says
@@ -290,6 +313,89 @@ pub async fn write_delete_batch_if<S: Store>(
             Err(error)
         }
     }
+}
+
+/// Writes one batch of copy records durably and settles it in `core` (while `current()` says
+/// it is still the core that cut it): applied, or back to the front of the queue on failure.
+pub async fn write_copy_batch_if<S: Store>(
+    core: &RefCell<ShardCore>,
+    store: &S,
+    batch: CopyBatch,
+    current: impl Fn() -> bool,
+) -> Result<usize, StoreError> {
+    let command = Command::Copies {
+        records: batch.records.clone(),
+        deleted: Vec::new(),
+        dropped: Vec::new(),
+    };
+    let result = store.commit(&command, Sync::Durable).await;
+    if !current() {
+        return result.map(|_| batch.records.len());
+    }
+    match result {
+        Ok(_) => {
+            core.borrow_mut().on_copies_applied(&batch);
+            Ok(batch.records.len())
+        }
+        Err(error) => {
+            core.borrow_mut().on_copies_failed(batch);
+            Err(error)
+        }
+    }
+}
+
+/// What [`read_copy_records`] found.
+#[derive(Debug, Default)]
+pub struct CopyRecords {
+    /// Records of messages still stored.
+    pub live: Vec<CopyRecord>,
+    /// Records whose message is gone (a record written after its message's delete): to drop.
+    pub orphans: Vec<CopyId>,
+    /// Records that do not decode (skipped: their copies start their count again).
+    pub unreadable: usize,
+}
+
+/// Reads every copy record back from the store, page by page (call at start and when a replica
+/// starts to lead, before it serves), checking that each one's message is still stored.
+pub async fn read_copy_records<S: Store>(store: &S) -> Result<CopyRecords, StoreError> {
+    const PAGE_KEYS: usize = 4096;
+    let (mut start, end) = copy_key_range();
+    let mut found = CopyRecords::default();
+    loop {
+        let rows = store.scan(&start, Some(&end), PAGE_KEYS).await?;
+        for (key, value) in &rows {
+            match CopyRecord::from_row(key, value.as_bytes()) {
+                Ok(record) if store.get(record.id.key.as_bytes()).await?.is_some() => {
+                    found.live.push(record)
+                }
+                Ok(record) => found.orphans.push(record.id),
+                Err(_) => found.unreadable += 1,
+            }
+        }
+        match rows.last() {
+            Some((last, _)) if rows.len() == PAGE_KEYS => {
+                start = last.clone();
+                start.push(0);
+            }
+            _ => return Ok(found),
+        }
+    }
+}
+
+/// Deletes copy records whose message is gone ([`read_copy_records`]' orphans).
+pub async fn drop_copy_records<S: Store>(
+    store: &S,
+    dropped: Vec<CopyId>,
+) -> Result<(), StoreError> {
+    if dropped.is_empty() {
+        return Ok(());
+    }
+    let command = Command::Copies {
+        records: Vec::new(),
+        deleted: Vec::new(),
+        dropped,
+    };
+    store.commit(&command, Sync::Durable).await.map(|_| ())
 }
 
 /// Runs a whole janitor sweep if one is due, calling `between_pages` after each page (the shell

@@ -61,6 +61,9 @@ pub struct Copy {
     state: CopyState,
     /// Deliveries of this copy so far.
     pub attempt: u32,
+    /// Deliveries of this copy the log has a record of (a group's copy is not handed out again
+    /// before this reaches `attempt`: see [`crate::log::copies`]).
+    pub saved: u32,
     /// The consumer that let this copy's last lease run out: its redelivery goes to another
     /// member of the group if one has room.
     pub avoid: Option<ConsumerId>,
@@ -73,6 +76,22 @@ impl Copy {
             recipient,
             state: CopyState::Pending,
             attempt: 0,
+            saved: 0,
+            avoid: None,
+        }
+    }
+
+    /// A copy whose record was read back from the log: delivered `attempts` times, or ACKed.
+    pub fn restored(recipient: RecipientId, attempts: u32, acked: bool) -> Copy {
+        Copy {
+            recipient,
+            state: if acked {
+                CopyState::Acked
+            } else {
+                CopyState::Pending
+            },
+            attempt: attempts,
+            saved: attempts,
             avoid: None,
         }
     }
@@ -93,6 +112,9 @@ pub struct Entry {
     pub copies: SmallVec<[Copy; 2]>,
     /// Every copy is done (or the message expired): the key is with the deleter.
     pub deleting: bool,
+    /// Groups (by [`crate::log::copies::group_hash`]) that may have a copy record in the log:
+    /// the message's delete deletes them too.
+    pub records: SmallVec<[u64; 1]>,
 }
 
 impl Entry {

@@ -10,10 +10,11 @@
 //! ```
 //!
 //! [`ShardCore`] owns one shard's pipeline; its parts live in [`hub`], [`inflight`],
-//! [`dispatcher`], [`deleter`] and [`janitor`]. None of them reads a clock, sleeps or does I/O.
+//! [`dispatcher`], [`deleter`], [`copies`] and [`janitor`]. None of them reads a clock, sleeps or does I/O.
 //! The functions in [`drive`] carry a core's requests to a store; they borrow the core only
 //! between awaits, so several tasks of one shard can share it in a `RefCell`.
 
+pub mod copies;
 pub mod dedup;
 pub mod deleter;
 pub mod dispatcher;
@@ -31,13 +32,15 @@ pub use deleter::DeleteBatch;
 pub use dispatcher::ScanRequest;
 pub use hub::{ConsumerId, HubLimits, Limit, RecipientId};
 pub use shard::{
-    Capacities, ConsumerError, Counters, DeadLetter, Delivery, GroupFigures, Release, ShardCore,
-    ShardStats, StoreBatch, TagResult, TopicFigures,
+    Capacities, ConsumerError, Counters, DeadLetter, Delivery, GroupFigures, Release, Settled,
+    ShardCore, ShardStats, StoreBatch, TagResult, TopicFigures,
 };
 
 #[allow(unused_imports)]
 use crate::storage::Store;
 
+#[cfg(test)]
+mod copies_tests;
 #[cfg(test)]
 mod limit_tests;
 #[cfg(test)]

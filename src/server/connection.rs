@@ -45,6 +45,7 @@ use super::shard::{now_ms, Shard, Sink};
 use super::Topology;
 use crate::batch::{PublishError, ShardPart, ValidatedBatch};
 use crate::cluster::view::ClusterView;
+use crate::config::AckLevel;
 use crate::key::{EventKey, TopicHash};
 use crate::pipeline::{self, ConsumerId, TagResult};
 use crate::rpc::pinq_capnp::{broker, consumer, subscription, TagResult as WireTagResult};
@@ -545,6 +546,16 @@ fn settle_refused(e: Refused) -> CallError {
         // A settle changes nothing when it is refused: typed whenever the text has a code.
         Refused::Failed(_) => shard_refused(text, true),
     }
+}
+
+/// The level of an ACK or NACK (unset: `durable`); `none` waits for nothing, as `leader`.
+fn settle_level(
+    level: Result<crate::rpc::pinq_capnp::AckLevel, capnp::NotInSchema>,
+) -> Result<AckLevel, CallError> {
+    level.map(AckLevel::from).map_err(|e| {
+        let text = format!("level: {e} (this broker knows durable, leader and none)");
+        Refusal::new(Code::InvalidAckLevel, text).into()
+    })
 }
 
 fn to_wire(result: TagResult) -> WireTagResult {
@@ -1083,7 +1094,14 @@ impl subscription::Server for SubscriptionImpl {
         params: subscription::AckParams,
         mut results: subscription::AckResults,
     ) -> Result<(), capnp::Error> {
-        let outcome = self.settle(SettleOp::Ack, params.get()?.get_tags()?).await;
+        let params = params.get()?;
+        let outcome = match settle_level(params.get_level()) {
+            Ok(level) => {
+                self.settle(SettleOp::Ack { level }, params.get_tags()?)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         answer_settle!(&self.conn, outcome, results)
     }
 
@@ -1094,9 +1112,13 @@ impl subscription::Server for SubscriptionImpl {
     ) -> Result<(), capnp::Error> {
         let params = params.get()?;
         let delay_ms = params.get_delay_ms();
-        let outcome = self
-            .settle(SettleOp::Nack { delay_ms }, params.get_tags()?)
-            .await;
+        let outcome = match settle_level(params.get_level()) {
+            Ok(level) => {
+                let op = SettleOp::Nack { delay_ms, level };
+                self.settle(op, params.get_tags()?).await
+            }
+            Err(e) => Err(e),
+        };
         answer_settle!(&self.conn, outcome, results)
     }
 

@@ -4,6 +4,7 @@
 
 use futures_channel::oneshot;
 
+use crate::config::AckLevel;
 use crate::key::EventKey;
 use crate::pipeline::{ConsumerId, Delivery, ShardStats, TagResult, ValidatedBatch};
 
@@ -16,8 +17,14 @@ pub struct SinkAddr {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SettleOp {
-    Ack,
-    Nack { delay_ms: u64 },
+    /// At `durable` the reply waits for the commit (`pipeline::shard::records`).
+    Ack {
+        level: AckLevel,
+    },
+    Nack {
+        delay_ms: u64,
+        level: AckLevel,
+    },
     Touch,
 }
 

@@ -329,6 +329,7 @@ async fn shard_main(
     let shard = Rc::new(shard);
     drive::recover(&shard.core, &shard.store);
     shard.load_sequences().await;
+    shard.load_copies().await;
     if let Err(e) = drive::recover_policies(&shard.core, &shard.store).await {
         return fail(format!("cannot read group policies: {e}"));
     }

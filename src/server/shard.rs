@@ -38,9 +38,11 @@ use super::shutdown::ShutdownFlag;
 use crate::cluster::driver::ReplicatedStore;
 use crate::cluster::view::ClusterView;
 use crate::config::DeliveryConfig;
+use crate::key::EventKey;
 use crate::metrics::{MetricsSlots, Problem, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
 use crate::ops::ratelimit::{RateLimit, LOG_INTERVAL_MS};
-use crate::pipeline::{drive, ConsumerError, ConsumerId, Delivery, ShardCore};
+use crate::pipeline::copies::Committed;
+use crate::pipeline::{drive, ConsumerError, ConsumerId, Delivery, Settled, ShardCore, TagResult};
 use crate::rpc::refusal::{Code, RefusalCounts};
 use crate::storage::{ShardStore, StoreError};
 
@@ -437,22 +439,8 @@ impl Shard {
                 tags,
                 reply,
             } => {
-                let now = now_ms();
-                let result = {
-                    let mut core = self.core.borrow_mut();
-                    match op {
-                        SettleOp::Ack => core.ack(now, consumer, &tags),
-                        SettleOp::Nack { delay_ms } => core.nack(now, consumer, &tags, delay_ms),
-                        SettleOp::Touch => core.touch(now, consumer, &tags),
-                    }
-                };
-                self.send_dead_letters();
-                self.dispatcher.kick();
-                self.deleter.kick();
-                let _ = reply.send(result.map_err(|e| match e {
-                    ConsumerError::UnknownConsumer => Refused::ConsumerGone,
-                    other => Refused::Failed(other.to_string()),
-                }));
+                let result = self.settle(consumer, op, &tags).await;
+                let _ = reply.send(result);
             }
             Request::Stats { reply } => {
                 let _ = reply.send(Ok(self.core.borrow().stats()));
@@ -490,6 +478,45 @@ impl Shard {
                 }));
             }
         }
+    }
+
+    /// ACKs, NACKs or touches `tags` of `consumer`; at `durable` answers once what the call
+    /// changed is committed (its deletes, or its copies' records), or refuses it as
+    /// `ConsumerGone` when the core that took it was replaced first (the shard stopped leading:
+    /// the subscription has ended, and its copies may be delivered again).
+    async fn settle(
+        self: &Rc<Self>,
+        consumer: ConsumerId,
+        op: SettleOp,
+        tags: &[EventKey],
+    ) -> Result<Vec<TagResult>, Refused> {
+        let now = now_ms();
+        let result = {
+            let mut core = self.core.borrow_mut();
+            match op {
+                SettleOp::Ack { level } => core.ack_at(now, consumer, tags, level),
+                SettleOp::Nack { delay_ms, level } => {
+                    core.nack_at(now, consumer, tags, delay_ms, level)
+                }
+                SettleOp::Touch => core.touch(now, consumer, tags).map(|results| Settled {
+                    results,
+                    commit: None,
+                }),
+            }
+        };
+        self.send_dead_letters();
+        self.dispatcher.kick();
+        self.deleter.kick();
+        let settled = result.map_err(|e| match e {
+            ConsumerError::UnknownConsumer => Refused::ConsumerGone,
+            other => Refused::Failed(other.to_string()),
+        })?;
+        if let Some(commit) = settled.commit {
+            if commit.wait().await == Committed::Lost {
+                return Err(Refused::ConsumerGone);
+            }
+        }
+        Ok(settled.results)
     }
 
     /// Publishes the core's queued dead letters, each in a task of its own, durably to its
@@ -695,6 +722,33 @@ impl Shard {
         self.core_epoch.set(self.core_epoch.get() + 1);
         *self.core.borrow_mut() = core;
         self.load_sequences().await;
+        self.load_copies().await;
+    }
+
+    /// Loads the stored copy records into the current core (at start, and each time the core
+    /// is replaced, before the shard serves), and drops those whose message is gone.
+    pub async fn load_copies(&self) {
+        let epoch = self.core_epoch.get();
+        let found = match drive::read_copy_records(&self.store).await {
+            Ok(found) => found,
+            Err(e) => return self.on_store_error("reading the copy records", &e),
+        };
+        if found.unreadable > 0 {
+            tracing::warn!(
+                shard = self.id,
+                unreadable = found.unreadable,
+                "unreadable copy records skipped (their copies count deliveries from 1 again)"
+            );
+        }
+        if self.core_epoch.get() == epoch {
+            self.core.borrow_mut().restore_copies(found.live);
+        }
+        if let Err(e) = drive::drop_copy_records(&self.store, found.orphans).await {
+            tracing::debug!(
+                shard = self.id,
+                "copy records of deleted messages not dropped yet: {e}"
+            );
+        }
     }
 
     /// Loads the stored (producer, sequence) pairs of idempotent publish into the current core
@@ -887,6 +941,10 @@ impl Shard {
                     }
                 };
             self.send_dead_letters();
+            if self.core.borrow().copies_waiting() {
+                // Copies the pass let go wait for their records: the deleter loop writes them.
+                self.deleter.kick();
+            }
             let ready = self.core.borrow_mut().take_ready();
             for consumer in ready {
                 self.pump(consumer).await;
@@ -933,6 +991,9 @@ impl Shard {
             let batches = drive::take_delete_batches(&self.core, now, false, usize::MAX);
             for batch in batches {
                 self.spawn_delete_write(batch).detach();
+            }
+            for write in self.write_copy_batches() {
+                write.detach();
             }
             // Wake when the next batch is due, or on a kick (new keys, a write finished).
             let sleep_ms = match self.core.borrow().next_delete_ms() {
@@ -985,6 +1046,35 @@ impl Shard {
                 }
             }
         })
+    }
+
+    /// Starts a write of every copy-record batch the core has ready (each in a task of its
+    /// own, counted as a running loop). A write that lands wakes the dispatcher (copies held
+    /// back for their record may go out) and this loop (a slot is free).
+    fn write_copy_batches(self: &Rc<Self>) -> Vec<glommio::Task<bool>> {
+        let mut writes = Vec::new();
+        loop {
+            let Some(batch) = self.core.borrow_mut().take_copy_batch() else {
+                return writes;
+            };
+            let shard = self.clone();
+            writes.push(glommio::spawn_local(async move {
+                let _writing = InProgress::enter(&shard.loops_running);
+                let epoch = shard.core_epoch.get();
+                let current = || shard.core_epoch.get() == epoch;
+                match drive::write_copy_batch_if(&shard.core, &shard.store, batch, current).await {
+                    Ok(_) => {
+                        shard.dispatcher.kick();
+                        shard.deleter.kick();
+                        true
+                    }
+                    Err(e) => {
+                        shard.on_store_error("a copy-record write", &e);
+                        false
+                    }
+                }
+            }));
+        }
     }
 
     /// The janitor loop: a full sweep every `ttlSweepInterval`, yielding between pages.
@@ -1095,6 +1185,23 @@ impl Shard {
         let sinks: Vec<u64> = self.sinks.borrow().keys().copied().collect();
         for sink in sinks {
             self.close_sink(sink);
+        }
+        // Copy records first (a record written after its message's delete would be an orphan).
+        while self.core.borrow().copies_busy() && Instant::now() < deadline {
+            let writes = self.write_copy_batches();
+            if writes.is_empty() {
+                glommio::timer::sleep(Duration::from_millis(1)).await;
+            }
+            let mut failed = false;
+            for write in writes {
+                failed |= !write.await;
+            }
+            if failed {
+                if self.shutdown.failure().is_some() || self.store.health().disk_full.is_some() {
+                    break;
+                }
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
         }
         while self.core.borrow().deletes_busy() && Instant::now() < deadline {
             let batches = drive::take_delete_batches(&self.core, now_ms(), true, usize::MAX);

@@ -1,14 +1,17 @@
 //! Consumers: subscribe, unsubscribe, forget a group, drain a consumer's queue, and settle its
 //! tags (ACK, NACK, touch) against the in-flight table.
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
 use super::transitions::ExpiredBy;
 use super::{Release, ShardCore};
+use crate::config::AckLevel;
 use crate::key::{self, EventKey, KeyError, TopicHash};
 use crate::message::CheckedValue;
+use crate::pipeline::copies::Commit;
 use crate::pipeline::dispatcher::TopicDispatch;
 use crate::pipeline::hub::{ConsumerId, Limit, Queued, RecipientId};
 use crate::pipeline::inflight::CopyState;
@@ -26,6 +29,13 @@ pub enum TagResult {
     /// The tag is not a 24-byte event key (answered at the edge, which parses tags: the core
     /// only ever sees [`EventKey`]s).
     Malformed,
+}
+
+/// The answer of an ACK or NACK: a result per tag and, at `durable`, the commit to wait for
+/// before answering (`None`, or already done, when nothing needs to reach the log).
+pub struct Settled {
+    pub results: Vec<TagResult>,
+    pub commit: Option<Rc<Commit>>,
 }
 
 /// A copy handed to a consumer.
@@ -234,25 +244,44 @@ impl ShardCore {
         }
     }
 
-    /// Acknowledges copies held by `consumer`. A message is deleted once all its recipients ACKed.
+    /// Acknowledges copies held by `consumer`, answered at once (`leader`). A message is
+    /// deleted once all its recipients ACKed.
     pub fn ack(
         &mut self,
         now_ms: u64,
         consumer: ConsumerId,
         tags: &[EventKey],
     ) -> Result<Vec<TagResult>, ConsumerError> {
+        Ok(self
+            .ack_at(now_ms, consumer, tags, AckLevel::Leader)?
+            .results)
+    }
+
+    /// [`Self::ack`] at `level`: at `durable` the answer carries the [`Commit`] to wait for
+    /// (the deletes, or the records of the group's ACK: `records` module docs).
+    pub fn ack_at(
+        &mut self,
+        now_ms: u64,
+        consumer: ConsumerId,
+        tags: &[EventKey],
+        level: AckLevel,
+    ) -> Result<Settled, ConsumerError> {
         self.tick(now_ms);
-        self.settle(consumer, tags, |core, key, recipient| {
+        let commit = Self::commit_for(level);
+        let results = self.settle(consumer, tags, |core, key, recipient| {
             core.counters.acked_total += 1;
             core.hub.count(recipient, |c| c.acked += 1);
             core.inflight
                 .set_state(key, recipient, CopyState::Acked, false);
             core.complete_if_done(key);
-        })
+            if let Some(commit) = &commit {
+                core.ack_commit(key, recipient, commit);
+            }
+        })?;
+        Ok(Settled { results, commit })
     }
 
-    /// Releases copies held by `consumer` for redelivery: after `delay_ms` if not 0, else after
-    /// the group's backoff (at once without one); a copy out of deliveries is dead-lettered.
+    /// Releases copies held by `consumer` for redelivery (answered at once, `leader`).
     pub fn nack(
         &mut self,
         now_ms: u64,
@@ -260,13 +289,35 @@ impl ShardCore {
         tags: &[EventKey],
         delay_ms: u64,
     ) -> Result<Vec<TagResult>, ConsumerError> {
+        Ok(self
+            .nack_at(now_ms, consumer, tags, delay_ms, AckLevel::Leader)?
+            .results)
+    }
+
+    /// Releases copies held by `consumer` for redelivery: after `delay_ms` if not 0, else after
+    /// the group's backoff (at once without one); a copy out of deliveries is dead-lettered. At
+    /// `durable` the answer carries the [`Commit`] of the copies' delivery records.
+    pub fn nack_at(
+        &mut self,
+        now_ms: u64,
+        consumer: ConsumerId,
+        tags: &[EventKey],
+        delay_ms: u64,
+        level: AckLevel,
+    ) -> Result<Settled, ConsumerError> {
         self.tick(now_ms);
-        self.settle(consumer, tags, |core, key, recipient| {
+        let commit = Self::commit_for(level);
+        let results = self.settle(consumer, tags, |core, key, recipient| {
             core.counters.nacked_total += 1;
             core.hub.count(recipient, |c| c.nacked += 1);
             core.counters.redeliveries_nack_total += 1;
-            core.release(key, recipient, Release::Nack, delay_ms);
-        })
+            let again = core.release(key, recipient, Release::Nack, delay_ms);
+            if let (true, Some(commit)) = (again, &commit) {
+                // A dead-lettered copy needs no record: the shell stores its dead letter.
+                core.nack_commit(key, recipient, commit);
+            }
+        })?;
+        Ok(Settled { results, commit })
     }
 
     /// Extends the lease of copies held by `consumer` by a full `inFlightTimeout` from now.

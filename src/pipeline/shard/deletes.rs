@@ -11,10 +11,17 @@ use crate::pipeline::inflight::CopyState;
 use crate::pipeline::janitor::SweepPage;
 
 impl DeleteBatch {
-    /// The command that deletes this batch's keys.
+    /// The command that deletes this batch's keys (and the records of their copies, if any).
     pub fn command(&self) -> Command {
-        Command::Delete {
-            keys: self.keys.clone(),
+        if self.dropped.is_empty() {
+            return Command::Delete {
+                keys: self.keys.clone(),
+            };
+        }
+        Command::Copies {
+            records: Vec::new(),
+            deleted: self.keys.clone(),
+            dropped: self.dropped.clone(),
         }
     }
 }
@@ -26,7 +33,14 @@ impl ShardCore {
     /// `None` to fill every slot.
     pub fn take_delete_batch(&mut self, now_ms: u64) -> Option<DeleteBatch> {
         let now_ms = self.tick(now_ms);
-        self.deleter.take_batch(now_ms)
+        let batch = self.deleter.take_batch(now_ms)?;
+        Some(self.with_records(batch))
+    }
+
+    /// Adds the copy records of the batch's messages, deleted with them.
+    fn with_records(&self, mut batch: DeleteBatch) -> DeleteBatch {
+        batch.dropped = self.records_of(&batch.keys);
+        batch
     }
 
     /// When the next delete batch is due, if keys wait and a batch slot is free.
@@ -42,7 +56,8 @@ impl ShardCore {
     /// Takes a delete batch at once, due or not (shutdown).
     pub fn take_delete_batch_now(&mut self, now_ms: u64) -> Option<DeleteBatch> {
         let now_ms = self.tick(now_ms);
-        self.deleter.take_batch_now(now_ms)
+        let batch = self.deleter.take_batch_now(now_ms)?;
+        Some(self.with_records(batch))
     }
 
     /// Whether deletes wait or one is being written.
@@ -57,6 +72,8 @@ impl ShardCore {
         self.deleter.on_applied(batch);
         let bound = due_bucket_bound(self.now_ms, self.delivery.time_bucket_ms);
         for key in &batch.keys {
+            self.waiters.deleted(key);
+            self.copies.take_restored(key);
             self.stock.on_deleted(key, bound);
             if let Some(entry) = self.inflight.remove(key) {
                 self.stock.on_retired(key);
@@ -72,6 +89,7 @@ impl ShardCore {
                 }
             }
         }
+        self.waiters.shrink();
         let resumed = self.paused && !self.deleter.is_over_backlog();
         if resumed {
             self.wake = true;

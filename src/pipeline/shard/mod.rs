@@ -30,9 +30,10 @@ mod deletes;
 mod figures;
 mod passes;
 mod publish;
+mod records;
 mod transitions;
 
-pub use consumers::{ConsumerError, Delivery, TagResult};
+pub use consumers::{ConsumerError, Delivery, Settled, TagResult};
 pub use dead_letter::{DeadLetter, Release};
 pub use publish::StoreBatch;
 
@@ -41,6 +42,7 @@ use std::sync::Arc;
 
 use ahash::{AHashMap, AHashSet};
 
+use super::copies::{CopyWrites, Waiters};
 use super::dedup::{DedupLimits, DedupTable};
 use super::deleter::{Deleter, DeleterLimits};
 use super::dispatcher::{TopicDispatch, Unapplied};
@@ -108,6 +110,13 @@ pub struct ShardStats {
     /// (producer, sequence) pairs remembered for idempotent publish, and their producers.
     pub dedup_entries: usize,
     pub dedup_producers: usize,
+    /// Copy records written, and batches of them refused by the store.
+    pub copy_records_total: u64,
+    pub copy_record_failures_total: u64,
+    /// Copies whose durable ACK or NACK waits for its commit.
+    pub durable_waiting: usize,
+    /// Copy records read back and not yet taken by a dispatched or deleted message.
+    pub copy_records_restored: usize,
 }
 
 /// Capacities of the tables that grow with load (memory accounting, tests).
@@ -148,6 +157,10 @@ pub struct ShardCore {
     /// dropped: a batch that answered with a pending original waits on it.
     settled: Rc<Signal>,
     policies: dead_letter::Policies,
+    /// Copy records queued, being written, and read back at start (`records`).
+    copies: CopyWrites,
+    /// `durable` ACKs and NACKs waiting for their commit; dropping the core loses them.
+    waiters: Waiters,
 }
 
 impl Drop for ShardCore {
@@ -202,6 +215,8 @@ impl ShardCore {
             counters: Counters::default(),
             dedup: DedupTable::new(DedupLimits::default()),
             settled: Rc::new(Signal::default()),
+            copies: CopyWrites::default(),
+            waiters: Waiters::default(),
         }
     }
 
@@ -258,6 +273,10 @@ impl ShardCore {
             pending_copies: self.hub.recipients.values().map(|r| r.pending.len()).sum(),
             dedup_entries: self.dedup.len(),
             dedup_producers: self.dedup.producers(),
+            copy_records_total: self.copies.records_total,
+            copy_record_failures_total: self.copies.failures_total,
+            durable_waiting: self.waiters.len(),
+            copy_records_restored: self.copies.restored_len(),
         }
     }
 

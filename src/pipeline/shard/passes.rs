@@ -8,7 +8,7 @@ use crate::message::CheckedValue;
 use crate::message::Value;
 use crate::pipeline::dispatcher::ScanRequest;
 use crate::pipeline::hub::RecipientId;
-use crate::pipeline::inflight::{Copy, CopyState, Entry};
+use crate::pipeline::inflight::{CopyState, Entry};
 use crate::pipeline::memory::give_back;
 
 impl ShardCore {
@@ -207,7 +207,7 @@ impl ShardCore {
                 self.expire(key, ExpiredBy::Dispatcher);
                 continue;
             }
-            let copies = recipients.iter().map(|r| Copy::pending(*r)).collect();
+            let (copies, records) = self.restored_copies_of(key, &recipients);
             self.inflight.entries.insert(
                 key,
                 Entry {
@@ -215,10 +215,15 @@ impl ShardCore {
                     value: Some(value),
                     copies,
                     deleting: false,
+                    records,
                 },
             );
             self.stock.on_dispatched(&key);
+            self.complete_if_done(key);
             for recipient in &recipients {
+                if self.inflight.state(&key, *recipient) != Some(CopyState::Pending) {
+                    continue; // ACKed before a restart (its group's record says so)
+                }
                 if !self.offer(key, *recipient, now_ms) {
                     if let Some(r) = self.hub.recipients.get_mut(recipient) {
                         r.pending.push_back(key);

@@ -106,6 +106,10 @@ impl ShardCore {
 
     /// Hands a copy to a consumer of its recipient, if one has room.
     pub(super) fn offer(&mut self, key: EventKey, recipient: RecipientId, now_ms: u64) -> bool {
+        if !self.attempts_saved(key, recipient) {
+            // Its record is queued; applying it wakes the next pass (`records` module docs).
+            return false;
+        }
         let avoid = self
             .inflight
             .entries
