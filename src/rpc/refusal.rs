@@ -456,7 +456,8 @@ mod tests {
             .at(Some(0))
             .into_capnp();
         assert_eq!(e.kind, capnp::ErrorKind::Failed);
-        assert_eq!(e.extra, "messages[0].topic: x");
+        // The code first, as every refusal sent as an exception (schema, "Errors").
+        assert_eq!(e.extra, "invalidTopic: messages[0].topic: x");
     }
 
     #[test]

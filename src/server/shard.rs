@@ -552,7 +552,7 @@ impl Shard {
     }
 
     async fn send_dead_letter(self: Rc<Self>, letter: crate::pipeline::DeadLetter) {
-        let message = letter.message();
+        let message = letter.message(self.publish.message_bytes_max);
         let batch = match crate::batch::ValidatedBatch::from_messages(
             std::slice::from_ref(&message),
             crate::config::AckLevel::Durable,

@@ -288,3 +288,33 @@ def test_the_readme_example_runs(broker):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "refused: messageTooLarge at message 1 (retryable: False)" in out.stdout
     assert "job 3 (attempt 2)" in out.stdout and "later (attempt 1)" in out.stdout
+
+
+async def test_a_dead_letter_stays_within_the_header_and_size_limits(broker):
+    t = topic("dlq-limits")
+    async with await pinq.connect(broker.addr) as client:
+        await client.group_policy(t, "g", max_deliveries=1, backoff=(0, 0))
+        dlq = await client.subscribe(f"{t}.dlq", group="inspect")
+        sub = await client.subscribe(t, group="g")
+        full = [(f"h{i}", b"v") for i in range(256)]
+        await client.publish(t, [b"many headers"], headers=full)
+        # 16 KiB is the fixture's publish.maxMessageBytes: a payload that leaves 10 bytes.
+        await client.publish(t, [b"x" * (16 * 1024 - 10)])
+        for _ in range(2):
+            d = await sub.recv(timeout=WAIT_S)
+            assert await d.nack() == "ok"
+        letters = {}
+        for _ in range(2):
+            letter = await dlq.recv(timeout=WAIT_S)
+            letters[len(letter.payload)] = letter
+            await letter.ack()
+        many = letters[len(b"many headers")]
+        keys = [k for k, _ in many.headers]
+        assert len(keys) == 256, "no more headers than a publish may carry"
+        assert keys[:252] == [f"h{i}" for i in range(252)], "the last application ones left out"
+        assert keys[252:] == ["pinq-dlq-topic", "pinq-dlq-group", "pinq-dlq-attempts",
+                              "pinq-dlq-reason"]
+        big = letters[16 * 1024 - 10]
+        size = len(big.payload) + sum(len(k) + len(v) for k, v in big.headers)
+        assert size <= 16 * 1024, "the dead letter is within publish.maxMessageBytes"
+        assert big.payload == b"x" * (16 * 1024 - 10), "the payload is never cut"

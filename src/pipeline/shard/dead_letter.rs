@@ -70,26 +70,54 @@ impl DeadLetter {
     /// The message to publish: the original payload and headers, plus headers naming the source
     /// topic, group, attempts and last reason. It is due at once and never expires (whatever the
     /// original's TTL: a dead letter is kept until someone reads it).
-    pub fn message(&self) -> crate::rpc::PublishMessage {
+    ///
+    /// It stays publishable: the `pinq-dlq-*` headers never take it past
+    /// `rpc::HEADERS_PER_MESSAGE_MAX` headers or `message_bytes_max` bytes (payload and headers,
+    /// `publish.maxMessageBytes`). Where the original left no room, its last application headers
+    /// are left out first; a payload so large that even then they do not fit keeps as many of
+    /// the `pinq-dlq-*` headers as fit, in the order above. The payload is never cut.
+    pub fn message(&self, message_bytes_max: usize) -> crate::rpc::PublishMessage {
         let original = self.value.message();
-        let mut headers: Vec<Header> = original
-            .headers
-            .iter()
-            .map(|h| Header {
-                key: h.key.as_str().to_owned(),
-                value: h.value.as_slice().to_vec(),
-            })
-            .collect();
-        for (key, value) in [
+        let ours: Vec<Header> = [
             (HEADER_TOPIC, self.topic.as_bytes().to_vec()),
             (HEADER_GROUP, self.group.as_bytes().to_vec()),
             (HEADER_ATTEMPTS, self.attempts.to_string().into_bytes()),
             (HEADER_REASON, self.reason.as_str().as_bytes().to_vec()),
-        ] {
-            headers.push(Header {
-                key: key.to_owned(),
-                value,
-            });
+        ]
+        .into_iter()
+        .map(|(key, value)| Header {
+            key: key.to_owned(),
+            value,
+        })
+        .collect();
+        let size = |h: &Header| h.key.len() + h.value.len();
+        let count_max = crate::rpc::HEADERS_PER_MESSAGE_MAX as usize;
+        let mut bytes = original.payload.len();
+        let mut fits = |h: &Header, room_for: usize, count: usize| {
+            let fit = count < count_max.saturating_sub(room_for)
+                && bytes + size(h) + ours.iter().take(room_for).map(size).sum::<usize>()
+                    <= message_bytes_max;
+            if fit {
+                bytes += size(h);
+            }
+            fit
+        };
+        let mut headers: Vec<Header> = Vec::new();
+        for h in original.headers.iter() {
+            let header = Header {
+                key: h.key.as_str().to_owned(),
+                value: h.value.as_slice().to_vec(),
+            };
+            if !fits(&header, ours.len(), headers.len()) {
+                break;
+            }
+            headers.push(header);
+        }
+        for h in &ours {
+            if !fits(h, 0, headers.len()) {
+                break;
+            }
+            headers.push(h.clone());
         }
         crate::rpc::PublishMessage {
             topic: self.dead_letter_topic.clone(),
