@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use pinq::cluster::record::RaftRecord;
 use pinq::key::{EventKey, TopicHash};
+use pinq::log::header::{encode_segment_header, SegmentHeader};
 use pinq::log::recovery::scan_segment;
 use pinq::log::wal::{decode_frame, encode_record, Frame};
 use pinq::log::Command;
@@ -334,8 +335,16 @@ fn walk_command(command: &Command) {
 fn corpus_wal(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
     (0..16)
         .map(|_| {
-            let mut out = Vec::new();
             let first = rng.u64(1..1000);
+            // Half with a segment header (records from its end), half of the older format.
+            let mut out = if rng.bool() {
+                encode_segment_header(&SegmentHeader {
+                    first_seq: first,
+                    written_bytes: rng.u64(0..64 << 10),
+                })
+            } else {
+                Vec::new()
+            };
             for seq in first..first + rng.u64(1..5) {
                 encode_record(seq, &command(rng), &mut out).expect("record");
                 if rng.bool() {

@@ -122,12 +122,12 @@ impl LogRecovery {
     /// cover, set aside what an accepted truncation dropped), then syncs the directory. Call
     /// only once every part of the store was read.
     pub fn finish(&mut self, dir: &Path) -> Result<(), StoreError> {
-        let mut renamed = false;
+        let mut removed = false;
         for step in std::mem::take(&mut self.cleanup) {
             match step {
                 Cleanup::Remove(path) => {
                     dio::remove_blocking(&path)?;
-                    renamed = true;
+                    removed = true;
                 }
                 Cleanup::Truncate {
                     path,
@@ -148,11 +148,14 @@ impl LogRecovery {
                     to.push(".dropped");
                     tracing::warn!(file = %path.display(), "setting aside a WAL segment after an accepted truncation");
                     dio::rename_blocking(&path, Path::new(&to))?;
-                    renamed = true;
+                    // Durable before the segment before it is cut (the step after these): a
+                    // crash in between must not leave a cut segment followed by a gap, which
+                    // the next start would call corruption.
+                    dio::sync_dir_blocking(dir)?;
                 }
             }
         }
-        if renamed {
+        if removed {
             dio::sync_dir_blocking(dir)?;
         }
         if let Some(tail) = &self.report.torn_tail {
@@ -444,6 +447,8 @@ pub async fn recover_records(
             }
         })?;
         if let Some(cut) = &scan.truncated {
+            // Later segments are set aside before this one is cut ([`LogRecovery::finish`] runs
+            // the steps in order).
             if !policy.accept_truncation {
                 return Err(StoreError::LogTruncated {
                     file: path.display().to_string(),
