@@ -184,11 +184,19 @@ fn a_restarted_replica_grants_no_vote_for_an_election_timeout() {
             .collect::<Vec<_>>()
     };
     n.replica.step(vote.clone()).unwrap();
-    assert_eq!(answers(&outgoing(&mut n)), vec![], "no vote in the quiet period");
+    assert_eq!(
+        answers(&outgoing(&mut n)),
+        vec![],
+        "no vote in the quiet period"
+    );
     assert_eq!(n.replica.role().term, 0, "nor a change of term");
     for _ in 0..config(3).election_ticks {
         n.replica.tick();
     }
     n.replica.step(vote).unwrap();
-    assert_eq!(answers(&outgoing(&mut n)), vec![(2, false)], "a vote after it");
+    assert_eq!(
+        answers(&outgoing(&mut n)),
+        vec![(2, false)],
+        "a vote after it"
+    );
 }
