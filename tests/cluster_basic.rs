@@ -151,3 +151,52 @@ fn a_leader_is_elected_commits_everywhere_and_fails_over() {
     }
     assert_eq!(nodes[&leader].applied, nodes[&new_leader].applied);
 }
+
+/// Everything node `n` sends once its pending work is done and durable.
+fn outgoing(n: &mut Node) -> Vec<Message> {
+    let mut out = Vec::new();
+    while let Some(work) = n.replica.next_work(&mut n.disk).unwrap() {
+        out.extend(work.messages);
+    }
+    out.extend(n.replica.durable(n.disk.records.len() as u64));
+    out
+}
+
+/// A (re)started replica ignores vote requests for one election timeout: it may have answered
+/// a leader's heartbeat just before it went down, and that leader's lease counts on it not
+/// voting for another so soon. After that it votes as usual.
+#[test]
+fn a_restarted_replica_grants_no_vote_for_an_election_timeout() {
+    use raft::eraftpb::MessageType;
+    let mut n = node(3);
+    let vote = Message {
+        msg_type: MessageType::MsgRequestVote,
+        from: 2,
+        to: 3,
+        term: 5,
+        ..Message::default()
+    };
+    let answers = |messages: &[Message]| {
+        messages
+            .iter()
+            .filter(|m| m.get_msg_type() == MessageType::MsgRequestVoteResponse)
+            .map(|m| (m.to, m.reject))
+            .collect::<Vec<_>>()
+    };
+    n.replica.step(vote.clone()).unwrap();
+    assert_eq!(
+        answers(&outgoing(&mut n)),
+        vec![],
+        "no vote in the quiet period"
+    );
+    assert_eq!(n.replica.role().term, 0, "nor a change of term");
+    for _ in 0..config(3).election_ticks {
+        n.replica.tick();
+    }
+    n.replica.step(vote).unwrap();
+    assert_eq!(
+        answers(&outgoing(&mut n)),
+        vec![(2, false)],
+        "a vote after it"
+    );
+}

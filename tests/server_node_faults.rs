@@ -1,5 +1,6 @@
 //! Faults that concern the whole node, against real `pinq serve` processes: a shard that
-//! panics stops the node (never one dead shard beside live ones), a second broker on the same
+//! panics, or one of whose long-lived tasks ends, stops the node (never one dead shard beside
+//! live ones), a second broker on the same
 //! port or data directory is refused at start-up naming the holder, and `pinq consume` notices
 //! a broker killed under it.
 
@@ -68,6 +69,36 @@ fn a_shard_that_panics_stops_the_whole_node_with_an_error() {
     assert!(
         stderr.contains("shard-1"),
         "it names the shard that panicked: {stderr}"
+    );
+}
+
+/// The one failure rule: a long-lived shard task that returns outside a shutdown (here one
+/// injected with `PINQ_FAULT_END_TASK_SHARD`) stops the node with the reason, never leaving the
+/// shard serving without it.
+#[test]
+fn a_shard_task_that_ends_stops_the_whole_node_with_an_error() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let data = data.to_str().expect("utf-8 path");
+    let (status, stderr) = serve_expecting_exit(
+        &[
+            "--cpus",
+            "0,1",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data,
+        ],
+        &[("PINQ_FAULT_END_TASK_SHARD", "1")],
+        Duration::from_secs(60),
+    );
+    assert_eq!(status, 1, "non-zero exit: {stderr}");
+    assert!(
+        stderr.contains("pinq: error:")
+            && stderr.contains("shard 1: an injected task ended unexpectedly"),
+        "the exit error names the task and its shard: {stderr}"
     );
 }
 

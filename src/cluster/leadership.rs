@@ -73,6 +73,9 @@ pub struct Leadership {
     answered: BTreeMap<u64, u64>,
     /// The latest send time stamped in this term (an answer cannot carry a later one).
     stamped_max: Option<u64>,
+    /// [`Leadership::lease_until_ms`], recomputed when an answer or the role changes (every
+    /// hand-out asks, so the question costs no sort and no allocation).
+    lease_until: Option<u64>,
     transferring: bool,
     failed: bool,
 }
@@ -85,6 +88,7 @@ impl Leadership {
             term_start: None,
             answered: BTreeMap::new(),
             stamped_max: None,
+            lease_until: None,
             transferring: false,
             failed: false,
         }
@@ -98,6 +102,8 @@ impl Leadership {
             self.stamped_max = None;
             self.transferring = false;
             self.term_start = state.leader.then_some(state.last_index);
+            self.state = state;
+            self.lease_until = self.compute_lease_until();
         }
         self.state = state;
     }
@@ -146,6 +152,7 @@ impl Leadership {
         }
         let entry = self.answered.entry(message.from).or_insert(sent_ms);
         *entry = (*entry).max(sent_ms);
+        self.lease_until = self.compute_lease_until();
     }
 
     /// This leader asked a follower to take over: it serves no more in this term.
@@ -183,6 +190,10 @@ impl Leadership {
     /// Until when the lease holds (exclusive): the send time of the latest heartbeat a quorum
     /// answered, plus `lease_ms`. `None` without a lease; `u64::MAX` for a group of one.
     pub fn lease_until_ms(&self) -> Option<u64> {
+        self.lease_until
+    }
+
+    fn compute_lease_until(&self) -> Option<u64> {
         if !self.state.leader {
             return None;
         }

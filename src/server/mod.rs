@@ -391,6 +391,7 @@ async fn shard_main(
     }));
     tracing::debug!(shard = shard_id, %shared_addr, %own_bound, "shard listening");
     inject_panic_if_asked(shard_id);
+    end_a_task_if_asked(&shard);
 
     let edge = EdgeLimits::new(config.server.client, &config.publish, connections);
     let accept_own = {
@@ -434,6 +435,25 @@ fn inject_panic_if_asked(shard_id: usize) {
         panic!("fault injected by PINQ_FAULT_PANIC_SHARD={shard_id}");
     })
     .detach();
+}
+
+/// Fault injection for the test of the one failure rule: `PINQ_FAULT_END_TASK_SHARD=N` makes
+/// shard `N` run a supervised task that returns half a second after the shard starts serving,
+/// as a long-lived task that ended by mistake would. Never set in production.
+fn end_a_task_if_asked(shard: &Rc<Shard>) {
+    let asked = std::env::var("PINQ_FAULT_END_TASK_SHARD").ok();
+    if asked.and_then(|v| v.parse::<usize>().ok()) != Some(shard.id) {
+        return;
+    }
+    tracing::warn!(
+        shard = shard.id,
+        "PINQ_FAULT_END_TASK_SHARD is set: a task of this shard will end"
+    );
+    let ends = Box::pin(glommio::timer::sleep(std::time::Duration::from_millis(500)));
+    let task = async move {
+        ends.await;
+    };
+    glommio::spawn_local(shard.clone().supervised("an injected task", task)).detach();
 }
 
 /// Opens the shard's store: standalone, the engine `storage.engine` names; in a cluster, the
