@@ -544,7 +544,8 @@ struct Findings {
     longest_publish_gap: Duration,
 }
 
-fn judge(records: &Records) -> Findings {
+/// The findings of a campaign whose faults began at `started`.
+fn judge(records: &Records, started: Instant) -> Findings {
     let mut delivered = HashSet::new();
     let mut acked_ok: HashMap<EventKey, (Side, Instant)> = HashMap::new();
     let mut last_attempt: HashMap<EventKey, u32> = HashMap::new();
@@ -566,8 +567,9 @@ fn judge(records: &Records) -> Findings {
                 if let Some((acked_by, acked_at)) = acked_ok.get(key) {
                     findings.delivered_after_durable_ack += 1;
                     findings.examples.push(format!(
-                        "{payload} attempt {attempt} to side {side}, {:?} after side \
+                        "{payload} attempt {attempt} to side {side} at {:.1} s, {:?} after side \
                          {acked_by}'s ACK ok",
+                        at.saturating_duration_since(started).as_secs_f64(),
                         at.saturating_duration_since(*acked_at)
                     ));
                 }
@@ -741,7 +743,7 @@ fn fault_campaign_loses_no_acknowledged_publish_and_redelivers_no_durably_acked_
         }
     }
     let records = shared.lock().unwrap_or_else(|e| e.into_inner());
-    let findings = judge(&records);
+    let findings = judge(&records, started);
     println!(
         "fault campaign: {} faults in {:.0} s; acknowledged publishes {}, deliveries {}, lost {}, \
          delivered after a durable ACK ok {}, attempt decreases {}, leader at the end {leader:?}, \
