@@ -241,7 +241,24 @@ fn command(rng: &mut fastrand::Rng) -> Command {
             })
             .collect()
     };
-    match rng.u8(0..3) {
+    match rng.u8(0..4) {
+        3 => {
+            let id = |rng: &mut fastrand::Rng| pinq::log::copies::CopyId {
+                key: event_key(rng),
+                group: rng.u64(..),
+            };
+            Command::Copies {
+                records: (0..rng.usize(0..4))
+                    .map(|_| pinq::log::copies::CopyRecord {
+                        id: id(rng),
+                        attempts: rng.u32(..),
+                        acked: rng.bool(),
+                    })
+                    .collect(),
+                deleted: (0..rng.usize(0..4)).map(|_| event_key(rng)).collect(),
+                dropped: (0..rng.usize(0..4)).map(|_| id(rng)).collect(),
+            }
+        }
         0 => Command::Store {
             messages: messages(rng),
             event_id_high_water: rng.u64(..),
@@ -297,6 +314,17 @@ fn walk_command(command: &Command) {
             assert_eq!(Command::decode(&command.to_bytes()).as_ref(), Ok(command));
         }
         Command::Delete { .. } => {}
+        Command::Copies { .. } => {
+            // Records round-trip through the store's rows as through the command.
+            command.for_each_op(|key, value| {
+                if let (Some(id), Some(value)) =
+                    (pinq::log::copies::CopyId::from_store_key(&key), value)
+                {
+                    let record = pinq::log::copies::CopyRecord::from_row(&key, value.as_bytes());
+                    assert_eq!(record.map(|r| r.id), Ok(id));
+                }
+            });
+        }
     }
     command.for_each_op(|key, value| {
         let _ = (key.len(), value.map(|v| v.len()));

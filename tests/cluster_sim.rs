@@ -754,8 +754,9 @@ impl Sim {
                         self.check.deleted_at.entry(id).or_insert(entry.index);
                     }
                 }
-                // The simulation proposes no group policies (shard metadata, not messages).
-                Command::GroupPolicy { .. } => {}
+                // The simulation proposes no group policies or copy records (shard metadata,
+                // not messages).
+                Command::GroupPolicy { .. } | Command::Copies { .. } => {}
             }
         }
         node.sm.applied = entry.index;
@@ -789,7 +790,7 @@ impl Sim {
                             self.stats.deleted_keys += 1;
                         }
                     }
-                    Command::GroupPolicy { .. } => {}
+                    Command::GroupPolicy { .. } | Command::Copies { .. } => {}
                 }
             }
         }

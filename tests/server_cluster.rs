@@ -3,9 +3,9 @@
 //! count or member list disagree refused at the handshake, and followers answering `notLeader`.
 //!
 //! The delivery checks are those of the product: after a failover every message whose ACK was
-//! not committed is delivered again (at-least-once), and no message whose delete committed is.
-//! So each test waits until the leader has applied the deletes of what was ACKed before it
-//! breaks the leader. Every member is stopped by its pid (the `Cluster` helper), and the tests
+//! not committed is delivered again (at-least-once), and no message whose delete committed is:
+//! a `durable` ACK answered `ok` is committed (one test kills the leader right after the last
+//! `ok`); the older tests also wait until the leader applied the deletes before they break it. Every member is stopped by its pid (the `Cluster` helper), and the tests
 //! run one at a time: each starts three brokers on a 2-core machine, and the failover bounds
 //! are functional bounds that a neighbour test's load must not decide.
 
@@ -353,6 +353,45 @@ fn killed_leader_is_replaced_within_2s_unacked_redelivered_acked_never_and_it_ca
     );
     assert_delivery(&last, &set(&later), &payloads);
     eprintln!("kill -9 test took {:?}", started.elapsed());
+}
+
+/// Durable ACKs (`pinq consume`'s default) are answered once their deletes are committed by a
+/// quorum: with a 10 s delete interval and no wait at all, a leader killed right after the last
+/// `ok` must not let any of them come back from the new leader.
+#[test]
+fn durable_acks_answered_ok_never_come_back_after_the_leader_is_killed() {
+    let _serial = serial();
+    let mut cluster = Cluster::start(3, &[("PINQ_DELIVERY_DELETE_BATCH_INTERVAL", "10s")]);
+    let leader = cluster.wait_for_leader(SHARD, &cluster.ids(), FIRST_ELECTION_TIMEOUT);
+    let survivors: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|&id| id != leader)
+        .collect();
+    let payloads: Vec<String> = (0..400).map(|i| format!("durable-ack-{i:05}")).collect();
+    publish(&cluster.addr(survivors[0]), "acks", &payloads);
+    let acked = consume(
+        &cluster.addr(survivors[0]),
+        "acks",
+        "g",
+        200,
+        Duration::from_secs(20),
+    );
+    assert_eq!(acked.len(), 200, "the first consumer got half");
+    // No wait for the deletes: the last `ok` was the promise.
+    cluster.kill9(leader);
+    let new_leader = cluster.wait_for_leader(SHARD, &survivors, Duration::from_secs(10));
+    eprintln!("node {new_leader} leads after kill -9 of node {leader}");
+    let acked = set(&acked);
+    let unacked: BTreeSet<String> = set(&payloads).difference(&acked).cloned().collect();
+    let rest = consume(
+        &cluster.addr(new_leader),
+        "acks",
+        "g",
+        unacked.len(),
+        Duration::from_secs(20),
+    );
+    assert_delivery(&rest, &unacked, &acked);
 }
 
 #[test]

@@ -98,6 +98,16 @@ const COUNTERS: &[(&str, &str, Read)] = &[
         |s| s.stats.counters.groups_forgotten_total,
     ),
     (
+        "pinq_copy_records_written",
+        "Copy records written to the log (a group's deliveries so far before a redelivery, or its durable ACK while other groups hold the message).",
+        |s| s.stats.copy_records_total,
+    ),
+    (
+        "pinq_copy_record_failures",
+        "Copy-record batches the store refused (retried; the copies they hold back wait).",
+        |s| s.stats.copy_record_failures_total,
+    ),
+    (
         "pinq_dead_lettered",
         "Copies moved to a dead-letter topic after their group's delivery.maxDeliveries (stored there, then ACKed for the group).",
         |s| s.stats.counters.dead_lettered_total,
@@ -163,6 +173,16 @@ const GAUGES: &[(&str, &str, Read)] = &[
         "pinq_delete_queue_keys",
         "Keys waiting for the next delete batch.",
         |s| s.stats.delete_queued as u64,
+    ),
+    (
+        "pinq_durable_settles_waiting",
+        "Copies whose durable ACK or NACK waits for its commit (a delete or a copy record) before the call is answered.",
+        |s| s.stats.durable_waiting as u64,
+    ),
+    (
+        "pinq_copy_records_restored",
+        "Copy records read back at start (or on a new leader) whose message was not dispatched or deleted since.",
+        |s| s.stats.copy_records_restored as u64,
     ),
     (
         "pinq_delete_backlog_keys",

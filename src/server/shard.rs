@@ -1070,7 +1070,10 @@ impl Shard {
     /// back for their record may go out) and this loop (a slot is free).
     fn write_copy_batches(self: &Rc<Self>) -> Vec<glommio::Task<bool>> {
         let mut writes = Vec::new();
-        while let Some(batch) = self.core.borrow_mut().take_copy_batch() {
+        loop {
+            let Some(batch) = self.core.borrow_mut().take_copy_batch() else {
+                return writes;
+            };
             let shard = self.clone();
             writes.push(glommio::spawn_local(async move {
                 let _writing = InProgress::enter(&shard.loops_running);
@@ -1089,7 +1092,6 @@ impl Shard {
                 }
             }));
         }
-        writes
     }
 
     /// The janitor loop: a full sweep every `ttlSweepInterval`, yielding between pages.

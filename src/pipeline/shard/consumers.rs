@@ -311,8 +311,9 @@ impl ShardCore {
             core.counters.nacked_total += 1;
             core.hub.count(recipient, |c| c.nacked += 1);
             core.counters.redeliveries_nack_total += 1;
-            core.release(key, recipient, Release::Nack, delay_ms);
-            if let Some(commit) = &commit {
+            let again = core.release(key, recipient, Release::Nack, delay_ms);
+            if let (true, Some(commit)) = (again, &commit) {
+                // A dead-lettered copy needs no record: the shell stores its dead letter.
                 core.nack_commit(key, recipient, commit);
             }
         })?;

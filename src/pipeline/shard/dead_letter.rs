@@ -167,13 +167,14 @@ impl ShardCore {
 
     /// A copy came back from its consumer (module docs): dead-lettered if its policy allows no
     /// more deliveries, else delayed by `delay_ms`, by the backoff, or made pending at once.
+    /// Returns whether the copy will be delivered again (not dead-lettered, not gone).
     pub(super) fn release(
         &mut self,
         key: EventKey,
         recipient: RecipientId,
         why: Release,
         delay_ms: u64,
-    ) {
+    ) -> bool {
         let now_ms = self.now_ms;
         let Some(attempts) = self
             .inflight
@@ -182,7 +183,7 @@ impl ShardCore {
             .and_then(|e| e.copy(recipient))
             .map(|c| c.attempt)
         else {
-            return;
+            return false;
         };
         let (max, backoff) = match self.hub.recipients.get(&recipient) {
             Some(r) => match &r.kind {
@@ -193,7 +194,7 @@ impl ShardCore {
         };
         if max > 0 && attempts >= max {
             self.dead_letter(key, recipient, attempts, why);
-            return;
+            return false;
         }
         // Written while the copy waits (its delay, or the next pass): see `records`.
         self.save_attempts(key, recipient);
@@ -212,6 +213,7 @@ impl ShardCore {
             self.inflight
                 .set_state(key, recipient, CopyState::Delayed { until_ms }, false);
         }
+        true
     }
 
     /// Parks a copy out of deliveries and queues its dead letter (module docs).

@@ -110,6 +110,13 @@ pub struct ShardStats {
     /// (producer, sequence) pairs remembered for idempotent publish, and their producers.
     pub dedup_entries: usize,
     pub dedup_producers: usize,
+    /// Copy records written, and batches of them refused by the store.
+    pub copy_records_total: u64,
+    pub copy_record_failures_total: u64,
+    /// Copies whose durable ACK or NACK waits for its commit.
+    pub durable_waiting: usize,
+    /// Copy records read back and not yet taken by a dispatched or deleted message.
+    pub copy_records_restored: usize,
 }
 
 /// Capacities of the tables that grow with load (memory accounting, tests).
@@ -266,6 +273,10 @@ impl ShardCore {
             pending_copies: self.hub.recipients.values().map(|r| r.pending.len()).sum(),
             dedup_entries: self.dedup.len(),
             dedup_producers: self.dedup.producers(),
+            copy_records_total: self.copies.records_total,
+            copy_record_failures_total: self.copies.failures_total,
+            durable_waiting: self.waiters.len(),
+            copy_records_restored: self.copies.restored_len(),
         }
     }
 
