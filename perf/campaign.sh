@@ -9,12 +9,14 @@
 # runs it longer. Needs root and `ip netns`; namespaces and processes are removed at the end.
 #
 # usage: perf/campaign.sh [seconds]     (default 300; PINQ_CAMPAIGN_SEED replays a run's choices)
-# The report is also written to results/tmp/campaign-<date>.txt (git ignores results/tmp/).
+# The report is also written to results/tmp/campaign-<date>.txt and the nodes' logs to
+# results/tmp/campaign-<date>-logs/ (git ignores results/tmp/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-300}
 mkdir -p perf/results/tmp
-OUT="perf/results/tmp/campaign-$(date -u +%Y%m%dT%H%M%SZ).txt"
-PINQ_CAMPAIGN_SECS="$SECS" cargo test --release --test cluster_campaign -- --nocapture --test-threads 1 2>&1 \
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+OUT="perf/results/tmp/campaign-$STAMP.txt"
+PINQ_CAMPAIGN_LOG_DIR="$PWD/perf/results/tmp/campaign-$STAMP-logs" PINQ_CAMPAIGN_SECS="$SECS" cargo test --release --test cluster_campaign -- --nocapture --test-threads 1 2>&1 \
     | tee "$OUT" | grep -E "^fault campaign|^ +[0-9.]+ s |test result|panicked"
-echo "full output: $OUT"
+echo "full output: $OUT, node logs: perf/results/tmp/campaign-$STAMP-logs/"

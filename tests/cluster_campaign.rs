@@ -276,10 +276,19 @@ enum Event {
         key: EventKey,
         payload: String,
         attempt: u32,
+        side: Side,
+        at: Instant,
     },
     /// A `durable` ACK of this message was answered `ok`.
-    AckOk { key: EventKey },
+    AckOk {
+        key: EventKey,
+        side: Side,
+        at: Instant,
+    },
 }
+
+/// Which client side saw an event ("A" or "B").
+type Side = &'static str;
 
 type Shared = Arc<Mutex<Records>>;
 
@@ -315,7 +324,13 @@ async fn client_side(name: String, shared: Shared, control: Arc<Control>) {
             Err(_) => return,
         }
     };
-    let consumer = glommio::spawn_local(consume(router.clone(), shared.clone(), control.clone()));
+    let side: Side = if name == "A" { "A" } else { "B" };
+    let consumer = glommio::spawn_local(consume(
+        router.clone(),
+        side,
+        shared.clone(),
+        control.clone(),
+    ));
     publish(&router, &name, &shared, &control).await;
     consumer.await;
 }
@@ -345,7 +360,7 @@ async fn publish(router: &Router, name: &str, shared: &Shared, control: &Control
     }
 }
 
-async fn consume(router: Rc<Router>, shared: Shared, control: Arc<Control>) {
+async fn consume(router: Rc<Router>, side: Side, shared: Shared, control: Arc<Control>) {
     while !control.stop_consuming.load(Ordering::Relaxed) {
         let Ok(subscription) = router.subscribe(TOPIC, GROUP, 64).await else {
             glommio::timer::sleep(Duration::from_millis(100)).await;
@@ -377,20 +392,28 @@ async fn consume(router: Rc<Router>, shared: Shared, control: Arc<Control>) {
             };
             idle = Duration::ZERO;
             record(&shared, |r| {
+                let at = Instant::now();
                 for d in &batch {
                     r.events.push(Event::Delivered {
                         key: d.tag,
                         payload: String::from_utf8_lossy(&d.payload).into_owned(),
                         attempt: d.attempt,
+                        side,
+                        at,
                     });
                 }
             });
             let tags: Vec<EventKey> = batch.iter().map(|d| d.tag).collect();
             if let Ok(results) = subscription.ack(&tags).await {
                 record(&shared, |r| {
+                    let at = Instant::now();
                     for (tag, result) in tags.iter().zip(results) {
                         if result == TagResult::Ok {
-                            r.events.push(Event::AckOk { key: *tag });
+                            r.events.push(Event::AckOk {
+                                key: *tag,
+                                side,
+                                at,
+                            });
                         }
                     }
                 });
@@ -515,13 +538,16 @@ struct Findings {
     deliveries: usize,
     lost: Vec<String>,
     delivered_after_durable_ack: usize,
+    /// Each copy delivered after an ACK answered ok: payload, attempt, sides, time after.
+    examples: Vec<String>,
     attempt_decreases: usize,
     longest_publish_gap: Duration,
 }
 
-fn judge(records: &Records) -> Findings {
+/// The findings of a campaign whose faults began at `started`.
+fn judge(records: &Records, started: Instant) -> Findings {
     let mut delivered = HashSet::new();
-    let mut acked_ok = HashSet::new();
+    let mut acked_ok: HashMap<EventKey, (Side, Instant)> = HashMap::new();
     let mut last_attempt: HashMap<EventKey, u32> = HashMap::new();
     let mut findings = Findings {
         acked: records.acked.len(),
@@ -533,11 +559,19 @@ fn judge(records: &Records) -> Findings {
                 key,
                 payload,
                 attempt,
+                side,
+                at,
             } => {
                 findings.deliveries += 1;
                 delivered.insert(payload.as_str());
-                if acked_ok.contains(key) {
+                if let Some((acked_by, acked_at)) = acked_ok.get(key) {
                     findings.delivered_after_durable_ack += 1;
+                    findings.examples.push(format!(
+                        "{payload} attempt {attempt} to side {side} at {:.1} s, {:?} after side \
+                         {acked_by}'s ACK ok",
+                        at.saturating_duration_since(started).as_secs_f64(),
+                        at.saturating_duration_since(*acked_at)
+                    ));
                 }
                 let last = last_attempt.entry(*key).or_insert(0);
                 if *attempt < *last {
@@ -545,8 +579,8 @@ fn judge(records: &Records) -> Findings {
                 }
                 *last = (*last).max(*attempt);
             }
-            Event::AckOk { key } => {
-                acked_ok.insert(*key);
+            Event::AckOk { key, side, at } => {
+                acked_ok.insert(*key, (*side, *at));
             }
         }
     }
@@ -698,8 +732,18 @@ fn fault_campaign_loses_no_acknowledged_publish_and_redelivers_no_durably_acked_
     }
     let leader = settled_leader(&net, Duration::from_secs(20));
     let panics = panics(&nodes);
+    if let Ok(dir) = std::env::var("PINQ_CAMPAIGN_LOG_DIR") {
+        // The nodes' logs outlive the temporary directory, for a failed run's post-mortem.
+        let _ = std::fs::create_dir_all(&dir);
+        for node in &nodes {
+            let _ = std::fs::copy(
+                &node.log,
+                Path::new(&dir).join(format!("node{}.log", node.id)),
+            );
+        }
+    }
     let records = shared.lock().unwrap_or_else(|e| e.into_inner());
-    let findings = judge(&records);
+    let findings = judge(&records, started);
     println!(
         "fault campaign: {} faults in {:.0} s; acknowledged publishes {}, deliveries {}, lost {}, \
          delivered after a durable ACK ok {}, attempt decreases {}, leader at the end {leader:?}, \
@@ -722,8 +766,10 @@ fn fault_campaign_loses_no_acknowledged_publish_and_redelivers_no_durably_acked_
         &findings.lost[..findings.lost.len().min(10)]
     );
     assert_eq!(
-        findings.delivered_after_durable_ack, 0,
-        "copies delivered after their durable ACK was answered ok"
+        findings.delivered_after_durable_ack,
+        0,
+        "copies delivered after their durable ACK was answered ok: {:?}",
+        &findings.examples[..findings.examples.len().min(20)]
     );
     assert_eq!(
         findings.attempt_decreases, 0,

@@ -225,11 +225,37 @@ fn leaders_on_different_nodes(cluster: &mut Cluster) -> (u64, u64) {
             if !running.contains(&id) {
                 let args = cluster.args(id, &[("--cpus", TWO_SHARDS)]);
                 cluster.start_nodes(&[id], vec![args]);
+                // A node behind the others cannot win an election (Raft's up-to-date rule):
+                // the next round would always pick the same survivor.
+                wait_caught_up(cluster, id, l0);
             }
         }
         cluster.kill9(l0);
     }
     panic!("shards 0 and 1 were led by one node after {ROUNDS_MAX} elections");
+}
+
+/// Waits (at most 15 s) until node `id` has applied, on both shards, what `leader` had
+/// committed when the wait began.
+fn wait_caught_up(cluster: &Cluster, id: u64, leader: u64) {
+    let limit = Duration::from_secs(1);
+    let Some(target) = cluster.status(leader, limit) else {
+        return;
+    };
+    let deadline = Instant::now() + FIRST_ELECTION_TIMEOUT;
+    while Instant::now() < deadline {
+        let caught_up = cluster.status(id, limit).is_some_and(|s| {
+            target.shards.iter().all(|t| {
+                s.shards
+                    .iter()
+                    .any(|r| r.shard_id == t.shard_id && r.applied_index >= t.commit_index)
+            })
+        });
+        if caught_up {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 async fn recv_within(
