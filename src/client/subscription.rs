@@ -34,13 +34,16 @@ pub(super) struct Inbox {
 }
 
 impl Inbox {
-    /// Whether the call that carried `count` deliveries may return (spends the budget).
+    /// Whether the call that carried `count` deliveries may return (spends the budget). A call
+    /// that straddles the end of the budget returns too: holding it would leave the calls held
+    /// short of the window, and the consumer waiting forever for its last deliveries (the
+    /// broker may then send up to `count - 1` more than `n`, which the CLI does not show).
     fn may_return(&self, count: u64) -> bool {
         match self.returns_left.get() {
             None => true,
             Some(left) => {
                 self.returns_left.set(Some(left.saturating_sub(count)));
-                left >= count
+                left > 0
             }
         }
     }

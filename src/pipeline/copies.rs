@@ -32,6 +32,9 @@ use crate::storage::signal::Signal;
 pub const BATCHES_IN_FLIGHT_MAX: usize = 2;
 /// Records in one batch.
 pub const BATCH_RECORDS_MAX: usize = 1024;
+/// After a batch failed, the next one waits this long (a full or failed disk is not retried in
+/// a loop).
+pub const RETRY_AFTER_MS: u64 = 100;
 
 /// Copy records to write together, in one command.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,6 +158,8 @@ pub struct CopyWrites {
     queue: VecDeque<CopyId>,
     queued: AHashMap<CopyId, CopyRecord>,
     batches_out: usize,
+    /// A batch failed: no batch is cut before this time.
+    retry_at_ms: u64,
     /// Records read back at start, by message, until the message is dispatched or deleted.
     restored: AHashMap<EventKey, SmallVec<[CopyRecord; 1]>>,
     pub batches_total: u64,
@@ -175,9 +180,13 @@ impl CopyWrites {
         self.queued.contains_key(id)
     }
 
-    /// Takes the next batch if records wait and a batch slot is free.
-    pub fn take_batch(&mut self) -> Option<CopyBatch> {
-        if self.queue.is_empty() || self.batches_out >= BATCHES_IN_FLIGHT_MAX {
+    /// Takes the next batch if records wait, a batch slot is free and no failure is being
+    /// waited out.
+    pub fn take_batch(&mut self, now_ms: u64) -> Option<CopyBatch> {
+        if self.queue.is_empty()
+            || self.batches_out >= BATCHES_IN_FLIGHT_MAX
+            || now_ms < self.retry_at_ms
+        {
             return None;
         }
         let n = self.queue.len().min(BATCH_RECORDS_MAX);
@@ -199,10 +208,12 @@ impl CopyWrites {
     }
 
     /// A failed batch: its records go back to the front, unless a newer record of the same copy
-    /// was queued meanwhile (that one is written instead).
-    pub fn on_failed(&mut self, batch: CopyBatch) {
+    /// was queued meanwhile (that one is written instead); the next batch waits
+    /// [`RETRY_AFTER_MS`].
+    pub fn on_failed(&mut self, batch: CopyBatch, now_ms: u64) {
         self.batches_out = self.batches_out.saturating_sub(1);
         self.failures_total += 1;
+        self.retry_at_ms = now_ms.saturating_add(RETRY_AFTER_MS);
         for record in batch.records.into_iter().rev() {
             if let std::collections::hash_map::Entry::Vacant(slot) = self.queued.entry(record.id) {
                 slot.insert(record);
@@ -269,7 +280,7 @@ mod tests {
         w.queue(record(1, 1));
         w.queue(record(2, 1));
         w.queue(record(1, 2));
-        let batch = w.take_batch().unwrap();
+        let batch = w.take_batch(0).unwrap();
         assert_eq!(batch.records, vec![record(1, 2), record(2, 1)]);
     }
 
@@ -279,16 +290,17 @@ mod tests {
         for i in 0..3 {
             w.queue(record(i, 1));
             if i < 2 {
-                assert!(w.take_batch().is_some());
+                assert!(w.take_batch(0).is_some());
             }
         }
-        assert!(w.take_batch().is_none(), "two batches out at most");
+        assert!(w.take_batch(0).is_none(), "two batches out at most");
         let failed = CopyBatch {
             records: vec![record(0, 1), record(2, 1)],
         };
         w.queue(record(0, 5));
-        w.on_failed(failed);
-        let batch = w.take_batch().unwrap();
+        w.on_failed(failed, 1_000);
+        assert!(w.take_batch(1_050).is_none(), "a failure is waited out");
+        let batch = w.take_batch(1_000 + RETRY_AFTER_MS).unwrap();
         assert_eq!(batch.records, vec![record(2, 1), record(0, 5)]);
         assert!(w.is_busy());
     }

@@ -179,7 +179,8 @@ pub async fn write_copy_records<S: Store>(
     store: &S,
 ) -> Result<(), StoreError> {
     loop {
-        let Some(batch) = core.borrow_mut().take_copy_batch() else {
+        let now_ms = core.borrow().now_ms();
+        let Some(batch) = core.borrow_mut().take_copy_batch(now_ms) else {
             return Ok(());
         };
         write_copy_batch_if(core, store, batch, || true).await?;

@@ -1168,7 +1168,7 @@ impl Shard {
     fn write_copy_batches(self: &Rc<Self>) -> Vec<glommio::Task<bool>> {
         let mut writes = Vec::new();
         loop {
-            let Some(batch) = self.core.borrow_mut().take_copy_batch() else {
+            let Some(batch) = self.core.borrow_mut().take_copy_batch(now_ms()) else {
                 return writes;
             };
             let shard = self.clone();

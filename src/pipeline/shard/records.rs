@@ -130,8 +130,9 @@ impl ShardCore {
     // ---- batches -------------------------------------------------------------------------
 
     /// Takes a batch of copy records to write, if any wait and a slot is free.
-    pub fn take_copy_batch(&mut self) -> Option<CopyBatch> {
-        self.copies.take_batch()
+    pub fn take_copy_batch(&mut self, now_ms: u64) -> Option<CopyBatch> {
+        let now_ms = self.tick(now_ms);
+        self.copies.take_batch(now_ms)
     }
 
     /// The batch is in the log: its copies may be handed out again, and calls waiting for it
@@ -157,7 +158,8 @@ impl ShardCore {
     }
 
     pub fn on_copies_failed(&mut self, batch: CopyBatch) {
-        self.copies.on_failed(batch);
+        let now_ms = self.now_ms;
+        self.copies.on_failed(batch, now_ms);
     }
 
     /// Whether copy records wait to be cut into a batch.
