@@ -16,17 +16,14 @@
 //! store with sequences (kind 5) = store body (as kind 1)
 //!           | remember u32 LE | (producer_len u8 | producer | sequence u64 LE | tag[24] | stored_at_ms u64 LE)*
 //!           | forget u32 LE | event_id u64 LE*
-//! ```
-//!
 //! copies (kind 4) = count u32 LE | (key[24] | group u64 LE | attempts u32 LE | flags u8)*
-//!                    | deleted u32 LE | key[24]* | dropped u32 LE | (key[24] | group u64 LE)*
+//!                   | deleted u32 LE | key[24]* | dropped u32 LE | (key[24] | group u64 LE)*
 //! ```
 //!
 //! Kind 4 writes [`super::copies`] records (a group's copy: deliveries so far, ACKed or not) and,
 //! when it deletes messages whose copies have records, deletes both in one atomic change (a
 //! delete without records stays kind 2).
 //!
-//! ```text
 //! Kinds 1 and 2 are the message log. Kind 3 (a group's redelivery policy, written by the
 //! `setGroupPolicy` admin call) is shard metadata: the store keeps it under a key whose first
 //! u64 is [`POLICY_KEY_PREFIX`] (top bit set, so never an event key), and the shard reads it back
