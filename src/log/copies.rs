@@ -138,10 +138,14 @@ impl CopyRecord {
         }
         let key = EventKey::parse(&bytes[..EVENT_KEY_LEN])
             .map_err(|_| CopyRecordError { what: "event key" })?;
-        let rest = &bytes[EVENT_KEY_LEN..];
-        let group = u64::from_le_bytes(rest[0..8].try_into().expect("8 bytes"));
-        let attempts = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
-        let flags = rest[12];
+        let &[g0, g1, g2, g3, g4, g5, g6, g7, a0, a1, a2, a3, flags] = &bytes[EVENT_KEY_LEN..]
+        else {
+            return Err(CopyRecordError {
+                what: "record length",
+            });
+        };
+        let group = u64::from_le_bytes([g0, g1, g2, g3, g4, g5, g6, g7]);
+        let attempts = u32::from_le_bytes([a0, a1, a2, a3]);
         if flags & !FLAG_ACKED != 0 {
             return Err(CopyRecordError { what: "flags" });
         }

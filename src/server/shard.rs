@@ -1191,6 +1191,27 @@ impl Shard {
         }
     }
 
+    /// Writes every waiting copy record before `deadline` (shutdown); stops early on a failed
+    /// store or a full disk (their copies may then be numbered as before, never lower).
+    async fn flush_copy_records(self: &Rc<Self>, deadline: Instant) {
+        while self.core.borrow().copies_busy() && Instant::now() < deadline {
+            let writes = self.write_copy_batches();
+            if writes.is_empty() {
+                glommio::timer::sleep(Duration::from_millis(1)).await;
+            }
+            let mut failed = false;
+            for write in writes {
+                failed |= !write.await;
+            }
+            if failed {
+                if self.shutdown.failure().is_some() || self.store.health().disk_full.is_some() {
+                    return;
+                }
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+
     /// The janitor loop: a full sweep every `ttlSweepInterval`, yielding between pages.
     pub async fn janitor_loop(self: Rc<Self>) {
         let _running = InProgress::enter(&self.loops_running);
@@ -1318,22 +1339,7 @@ impl Shard {
             self.close_sink(sink);
         }
         // Copy records first (a record written after its message's delete would be an orphan).
-        while self.core.borrow().copies_busy() && Instant::now() < deadline {
-            let writes = self.write_copy_batches();
-            if writes.is_empty() {
-                glommio::timer::sleep(Duration::from_millis(1)).await;
-            }
-            let mut failed = false;
-            for write in writes {
-                failed |= !write.await;
-            }
-            if failed {
-                if self.shutdown.failure().is_some() || self.store.health().disk_full.is_some() {
-                    break;
-                }
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
-        }
+        self.flush_copy_records(deadline).await;
         while self.core.borrow().deletes_busy() && Instant::now() < deadline {
             let batches = drive::take_delete_batches(&self.core, now_ms(), true, usize::MAX);
             if batches.is_empty() {
