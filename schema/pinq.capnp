@@ -415,7 +415,8 @@ struct TopicStats {
   # Gauge: of the due messages, those dispatched and not yet deleted (some recipient has not
   # settled its copy, or the delete is being written).
   groups @6 :UInt32;
-  # Gauge: groups of the topic, plus one if it has universal consumers.
+  # Gauge: consumer groups of the topic (its universal consumers, which belong to no group, are
+  # not counted; earlier brokers counted them as one more group).
 }
 
 struct ShardStats {
@@ -431,7 +432,8 @@ struct ShardStats {
   nacked @4 :UInt64;
   # Total copies handed back by nack.
   inFlight @5 :UInt64;
-  # Gauge: copies sent and not yet acknowledged, nacked or timed out.
+  # Gauge: copies held by consumers (queued for them or sent) and not yet acknowledged, nacked or
+  # timed out: one per (message, recipient). Earlier brokers counted messages.
   activeConsumers @6 :UInt64;
   # Gauge: consumers connected to this shard's topics.
   redeliveries @7 :UInt64;
@@ -450,6 +452,10 @@ struct ShardStats {
   # False until the shard has counted its store once since it started (within about a second,
   # plus the time to read the store): until then `backlog`, `scheduled` and the topics' figures
   # miss messages stored before the start.
+  delayed @13 :UInt64;
+  # Gauge: copies waiting out a NACK delay, a redelivery backoff or their move to a dead-letter
+  # topic; they go back to `backlog` (or are dead-lettered) when the wait ends. Added to
+  # protocol 2 later: earlier brokers leave it 0 and count these copies nowhere.
 }
 
 struct GroupPolicy {
@@ -494,6 +500,11 @@ struct GroupStats {
   scheduled @12 :UInt64;
   # Gauge: the topic's stored messages whose delay has not passed yet (they will reach this
   # recipient when due).
+  delayed @13 :UInt64;
+  # Gauge: this recipient's copies waiting out a NACK delay, a redelivery backoff or their move
+  # to a dead-letter topic. Each copy not yet acknowledged is in exactly one of `backlog`,
+  # `delayed`, `inFlight` and `scheduled` (a message not yet dispatched counts as the
+  # recipient's copy of it). Added to protocol 2 later: earlier brokers leave it 0.
 }
 
 struct Refusal {

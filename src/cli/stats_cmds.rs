@@ -2,8 +2,10 @@
 //! as tables people can read, or as JSON (`--json`) for scripts.
 //!
 //! - `pinq stats --server ADDR [--json]`: per shard, then per group;
-//! - `pinq topics --server ADDR [--json]`: topics with stored, due, scheduled, in flight;
-//! - `pinq groups --server ADDR --topic T [--json]`: the groups of one topic.
+//! - `pinq topics --server ADDR [--json]`: topics with stored, due, scheduled, in flight (all
+//!   counting messages) and their groups;
+//! - `pinq groups --server ADDR --topic T [--json]`: the groups of one topic. A group's copies
+//!   not yet ACKed are each in one column of `backlog`, `delayed`, `in_flight`, `scheduled`.
 
 use anyhow::Context;
 
@@ -55,6 +57,7 @@ pub fn stats(args: StatsArgs) -> anyhow::Result<()> {
         "redeliveries",
         "expired",
         "backlog",
+        "delayed",
         "scheduled",
     ]);
     for s in &stats.shards {
@@ -74,6 +77,7 @@ pub fn stats(args: StatsArgs) -> anyhow::Result<()> {
             s.redeliveries.to_string(),
             s.expired.to_string(),
             backlog,
+            s.delayed.to_string(),
             s.scheduled.to_string(),
         ]);
     }
@@ -164,8 +168,9 @@ fn group_table<'a>(groups: impl Iterator<Item = &'a GroupStats>) -> Table {
         "shard",
         "consumers",
         "backlog",
-        "scheduled",
+        "delayed",
         "in_flight",
+        "scheduled",
         "dispatched",
         "acked",
         "nacked",
@@ -185,8 +190,9 @@ fn group_table<'a>(groups: impl Iterator<Item = &'a GroupStats>) -> Table {
             g.shard_id.to_string(),
             g.consumers.to_string(),
             g.backlog.to_string(),
-            g.scheduled.to_string(),
+            g.delayed.to_string(),
             g.in_flight.to_string(),
+            g.scheduled.to_string(),
             g.dispatched.to_string(),
             g.acked.to_string(),
             g.nacked.to_string(),

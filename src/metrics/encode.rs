@@ -155,6 +155,21 @@ const GAUGES: &[(&str, &str, Read)] = &[
         |s| s.stats.in_flight as u64,
     ),
     (
+        "pinq_copies_in_flight",
+        "Copies held by consumers (queued for them or delivered) and not yet settled: one per message and recipient (the Broker.stats ShardStats.inFlight).",
+        |s| s.stats.held_copies,
+    ),
+    (
+        "pinq_delayed_copies",
+        "Copies waiting out a NACK delay, a redelivery backoff or their move to a dead-letter topic.",
+        |s| s.stats.delayed_copies,
+    ),
+    (
+        "pinq_delete_backlog_max_keys",
+        "The bound delivery.deleteBacklogMaxKeys: dispatch pauses while pinq_delete_backlog_keys is at it.",
+        |s| s.stats.delete_backlog_max as u64,
+    ),
+    (
         "pinq_dedup_entries",
         "(producer id, sequence) pairs this shard remembers for idempotent publish (bounded by publish.dedupMaxEntries).",
         |s| s.stats.dedup_entries as u64,

@@ -51,6 +51,11 @@ const GROUP_GAUGES: &[(&str, &str, Read)] = &[
         |g| g.scheduled,
     ),
     (
+        "pinq_group_delayed",
+        "The group's copies waiting out a NACK delay, a redelivery backoff or their move to a dead-letter topic.",
+        |g| g.delayed,
+    ),
+    (
         "pinq_group_in_flight",
         "Copies the group's consumers hold (queued for them or delivered, not settled).",
         |g| g.in_flight,
@@ -133,6 +138,7 @@ mod tests {
             pending: i,
             scheduled: 2,
             in_flight: 3,
+            delayed: 1,
             ..GroupFigures::default()
         };
         g.counters.acked = i;
@@ -151,6 +157,7 @@ mod tests {
         assert_eq!(other.backlog, (4..10).map(|i| 10 + i).sum::<u64>());
         assert_eq!(other.scheduled, 12);
         assert_eq!(other.in_flight, 18);
+        assert_eq!(other.delayed, 6);
         assert_eq!(other.counters.acked, (4..10).sum::<u64>());
         assert_eq!(bounded(groups.clone(), 10), groups);
     }

@@ -145,6 +145,10 @@ pub struct InFlight {
     pub entries: AHashMap<EventKey, Entry>,
     /// One timer per `Held` or `Delayed` copy, at the deadline its state names.
     timers: BTreeSet<Timer>,
+    /// `Delayed` copies per recipient (`GroupStats.delayed`), kept in step by
+    /// [`InFlight::set_state`] and [`InFlight::remove`] so figures need not walk the table; a
+    /// recipient without delayed copies has no entry.
+    delayed: AHashMap<RecipientId, u64>,
 }
 
 impl InFlight {
@@ -175,9 +179,15 @@ impl InFlight {
             .iter_mut()
             .find(|c| c.recipient == recipient)?;
         let before = copy.state.timer_at_ms();
+        let was_delayed = matches!(copy.state, CopyState::Delayed { .. });
         copy.state = state;
         copy.attempt += u32::from(delivered);
         let attempt = copy.attempt;
+        match (was_delayed, matches!(state, CopyState::Delayed { .. })) {
+            (false, true) => *self.delayed.entry(recipient).or_default() += 1,
+            (true, false) => self.uncount_delayed(recipient),
+            _ => {}
+        }
         if let Some(at_ms) = before {
             self.timers.remove(&Timer {
                 at_ms,
@@ -225,6 +235,9 @@ impl InFlight {
     pub fn remove(&mut self, key: &EventKey) -> Option<Entry> {
         let entry = self.entries.remove(key)?;
         for copy in &entry.copies {
+            if matches!(copy.state, CopyState::Delayed { .. }) {
+                self.uncount_delayed(copy.recipient);
+            }
             if let Some(at_ms) = copy.state.timer_at_ms() {
                 self.timers.remove(&Timer {
                     at_ms,
@@ -235,6 +248,20 @@ impl InFlight {
         }
         give_back(&mut self.entries);
         Some(entry)
+    }
+
+    fn uncount_delayed(&mut self, recipient: RecipientId) {
+        if let Some(n) = self.delayed.get_mut(&recipient) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.delayed.remove(&recipient);
+            }
+        }
+    }
+
+    /// Copies of `recipient` waiting out a NACK delay, a backoff or their dead-letter publish.
+    pub fn delayed_of(&self, recipient: RecipientId) -> u64 {
+        self.delayed.get(&recipient).copied().unwrap_or(0)
     }
 
     /// Capacity of the table, and the timers held (a tree has no spare capacity).
@@ -273,5 +300,12 @@ impl InFlight {
             }
         }
         assert_eq!(self.timers.len(), expected, "timers without a copy");
+        let mut delayed: AHashMap<RecipientId, u64> = AHashMap::new();
+        for copy in self.entries.values().flat_map(|e| e.copies.iter()) {
+            if matches!(copy.state, CopyState::Delayed { .. }) {
+                *delayed.entry(copy.recipient).or_default() += 1;
+            }
+        }
+        assert_eq!(self.delayed, delayed, "delayed copies per recipient");
     }
 }

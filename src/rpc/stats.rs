@@ -13,7 +13,7 @@ pub fn add_shard(stats: &mut Stats, shard_id: u32, s: ShardStats) {
         dispatched: c.dispatched_total,
         acked: c.acked_total,
         nacked: c.nacked_total,
-        in_flight: s.in_flight as u64,
+        in_flight: s.held_copies,
         active_consumers: s.active_consumers as u64,
         redeliveries: c.redeliveries_timeout_total
             + c.redeliveries_nack_total
@@ -23,6 +23,7 @@ pub fn add_shard(stats: &mut Stats, shard_id: u32, s: ShardStats) {
         backlog: s.backlog,
         scheduled: s.scheduled,
         counted: s.counted,
+        delayed: s.delayed_copies,
     });
     stats.topics.extend(s.topics.iter().map(|t| TopicStats {
         topic: t.topic.to_string(),
@@ -31,7 +32,7 @@ pub fn add_shard(stats: &mut Stats, shard_id: u32, s: ShardStats) {
         due: t.due,
         scheduled: t.scheduled,
         in_flight: t.in_flight,
-        groups: t.recipients,
+        groups: t.groups,
     }));
     for g in &s.groups {
         add_group(&mut stats.groups, shard_id, g);
@@ -54,15 +55,16 @@ fn add_group(groups: &mut Vec<GroupStats>, shard_id: u32, g: &GroupFigures) {
         expired: c.expired,
         dead_lettered: c.dead_lettered,
         scheduled: g.scheduled,
+        delayed: g.delayed,
     });
 }
 
 /// The figures with the meaning a protocol-1 client was built against: `ShardStats.backlog`
 /// was the shard's messages stored and not yet deleted, due or scheduled (the sum of its
 /// topics' `stored`), and `GroupStats.backlog` the messages due or scheduled that the recipient
-/// has not acknowledged (waiting, in flight or not yet due). Protocol 2 split both into
-/// `backlog` (waiting to be sent), `scheduled` and `inFlight`; a v1 client reads none of the
-/// new fields, so it gets the old sum in the old one.
+/// has not acknowledged (waiting, in flight, delayed or not yet due). Protocol 2 split both
+/// into `backlog` (waiting to be sent), `scheduled`, `delayed` and `inFlight`; a v1 client
+/// reads none of the new fields, so it gets the old sum in the old one.
 pub fn as_protocol_1(stats: &mut Stats) {
     for shard in &mut stats.shards {
         shard.backlog = stats
@@ -73,7 +75,7 @@ pub fn as_protocol_1(stats: &mut Stats) {
             .sum();
     }
     for group in &mut stats.groups {
-        group.backlog = group.backlog + group.scheduled + group.in_flight;
+        group.backlog = group.backlog + group.scheduled + group.in_flight + group.delayed;
     }
 }
 
@@ -117,13 +119,14 @@ mod tests {
                 backlog: 1,
                 scheduled: 2,
                 in_flight: 3,
+                delayed: 4,
                 ..GroupStats::default()
             }],
         };
         as_protocol_1(&mut stats);
         assert_eq!(stats.shards[0].backlog, 10, "both topic entries of shard 0");
         assert_eq!(stats.shards[1].backlog, 0);
-        assert_eq!(stats.groups[0].backlog, 6);
+        assert_eq!(stats.groups[0].backlog, 10);
         assert_eq!(
             stats.groups[0].scheduled, 2,
             "the new fields are left as they are"

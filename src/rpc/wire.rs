@@ -905,6 +905,7 @@ pub struct ShardStats {
     pub backlog: u64,
     pub scheduled: u64,
     pub counted: bool,
+    pub delayed: u64,
 }
 
 /// Counters of one recipient of a topic (see `GroupStats` in the schema).
@@ -924,6 +925,7 @@ pub struct GroupStats {
     pub expired: u64,
     pub dead_lettered: u64,
     pub scheduled: u64,
+    pub delayed: u64,
 }
 
 /// Messages of one topic on its shard (see `TopicStats` in the schema).
@@ -961,6 +963,7 @@ fn write_shard_stats(mut b: shard_stats::Builder<'_>, s: &ShardStats) {
     b.set_backlog(s.backlog);
     b.set_scheduled(s.scheduled);
     b.set_counted(s.counted);
+    b.set_delayed(s.delayed);
 }
 
 fn write_group_stats(mut b: group_stats::Builder<'_>, g: &GroupStats) {
@@ -977,6 +980,7 @@ fn write_group_stats(mut b: group_stats::Builder<'_>, g: &GroupStats) {
     b.set_expired(g.expired);
     b.set_dead_lettered(g.dead_lettered);
     b.set_scheduled(g.scheduled);
+    b.set_delayed(g.delayed);
 }
 
 fn write_topic_stats(mut b: topic_stats::Builder<'_>, t: &TopicStats) {
@@ -1029,6 +1033,7 @@ pub fn read_stats(reader: stats::Reader<'_>) -> Result<Stats, WireError> {
             backlog: s.get_backlog(),
             scheduled: s.get_scheduled(),
             counted: s.get_counted(),
+            delayed: s.get_delayed(),
         })
         .collect();
     let list = reader.get_groups()?;
@@ -1048,6 +1053,7 @@ pub fn read_stats(reader: stats::Reader<'_>) -> Result<Stats, WireError> {
             expired: g.get_expired(),
             dead_lettered: g.get_dead_lettered(),
             scheduled: g.get_scheduled(),
+            delayed: g.get_delayed(),
         });
     }
     let list = reader.get_topics()?;

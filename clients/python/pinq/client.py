@@ -107,6 +107,9 @@ class ShardStats:
     backlog: int = 0
     scheduled: int = 0
     counted: bool = False
+    # Copies waiting out a NACK delay, a backoff or their dead-letter publish (0 from brokers
+    # older than the field). `in_flight` counts copies held by consumers.
+    delayed: int = 0
 
 
 @dataclass
@@ -124,6 +127,8 @@ class GroupStats:
     expired: int = 0
     dead_lettered: int = 0
     scheduled: int = 0
+    # Each copy not yet ACKed is in one of backlog, delayed, in_flight, scheduled.
+    delayed: int = 0
 
 
 @dataclass

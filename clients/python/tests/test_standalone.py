@@ -126,6 +126,26 @@ async def test_nack_with_delay_touch_and_headers(broker):
         assert await first.ack() in ("unknownTag", "alreadyAcked")
 
 
+async def test_a_nacked_copy_waiting_out_its_delay_is_counted_as_delayed(broker):
+    t = topic("delayed")
+    async with await pinq.connect(broker.addr) as client:
+        sub = await client.subscribe(t, group="g")
+        await client.publish(t, [b"a", b"b", b"c"])
+        got = await take(sub, 3)
+        assert await got[0].nack(delay=3600) == "ok"
+        assert await got[1].ack() == "ok"
+
+        def gauges(s):
+            g = next((g for g in s.groups if g.topic == t and g.group == "g"), None)
+            return g and (g.backlog, g.delayed, g.in_flight, g.scheduled)
+
+        # Each copy not yet ACKed is in one gauge: one delayed, one held.
+        stats = await wait_stats(client, lambda s: gauges(s) == (0, 1, 1, 0), "one delayed")
+        shard = next(sh for sh in stats.shards if any(
+            g.shard_id == sh.shard_id and g.topic == t for g in stats.groups))
+        assert shard.delayed >= 1 and shard.in_flight >= 1
+
+
 async def test_delay_ttl_and_ack_levels(broker):
     t = topic("delay")
     async with await pinq.connect(broker.addr) as client:

@@ -4,8 +4,12 @@
 //! - A topic's `stored` messages are `due` or `scheduled`; of the due ones, `in_flight` counts
 //!   those dispatched whose delete is not applied yet, and `waiting` the others.
 //! - A group's `backlog` is its topic's waiting messages plus the group's copies waiting for a
-//!   consumer (redeliveries: NACKed, timed out, released by a leaving member); its `in_flight`
-//!   counts the copies its consumers hold (queued for them or delivered, not settled).
+//!   consumer (redeliveries: NACKed, timed out, released by a leaving member); its `delayed`
+//!   counts its copies waiting out a NACK delay, a backoff or their dead-letter publish; its
+//!   `in_flight` counts the copies its consumers hold (queued for them or delivered, not
+//!   settled). So each of a group's copies not yet ACKed is in exactly one of `backlog`,
+//!   `delayed`, `in_flight` and `scheduled` (a message not yet dispatched counts as the
+//!   group's copy of it).
 //!
 //! The untracked topics (past `delivery.maxCountedTopics`) appear as one topic named `""`; a
 //! topic's universal consumers appear as one group named `""`.
@@ -29,8 +33,8 @@ pub struct TopicFigures {
     pub waiting: u64,
     pub scheduled: u64,
     pub in_flight: u64,
-    /// Groups and universal consumers of the topic on this shard.
-    pub recipients: u32,
+    /// Groups of the topic on this shard (its universal consumers are not a group).
+    pub groups: u32,
 }
 
 /// One group of a topic, or (`group` empty) the topic's universal consumers taken together.
@@ -42,6 +46,8 @@ pub struct GroupFigures {
     pub backlog: u64,
     /// The part of `backlog` that is this group's own copies waiting for a consumer.
     pub pending: u64,
+    /// Copies waiting out a NACK delay, a backoff, or their dead-letter publish.
+    pub delayed: u64,
     pub scheduled: u64,
     pub in_flight: u64,
     pub counters: RecipientCounters,
@@ -54,6 +60,7 @@ impl GroupFigures {
         self.consumers += other.consumers;
         self.backlog += other.pending;
         self.pending += other.pending;
+        self.delayed += other.delayed;
         self.in_flight += other.in_flight;
         let (c, o) = (&mut self.counters, &other.counters);
         c.dispatched += o.dispatched;
@@ -76,7 +83,7 @@ impl ShardCore {
             let name = stock.name.clone().unwrap_or_else(|| Arc::from(""));
             seen.insert(hash);
             topics.push(TopicFigures {
-                recipients: self.recipients_of(&name),
+                groups: self.groups_of(&name),
                 topic: name,
                 stored: stock.stored,
                 due: stock.due(bound),
@@ -90,7 +97,7 @@ impl ShardCore {
                 topics.push(TopicFigures {
                     topic: name.clone(),
                     in_flight: self.stock.dispatched(members.hash),
-                    recipients: self.recipients_of(name),
+                    groups: self.groups_of(name),
                     ..TopicFigures::default()
                 });
             }
@@ -100,11 +107,21 @@ impl ShardCore {
         (topics, groups)
     }
 
-    fn recipients_of(&self, topic: &str) -> u32 {
+    fn groups_of(&self, topic: &str) -> u32 {
         self.hub
             .topics
             .get(topic)
-            .map_or(0, |m| (m.groups.len() + m.universals.len()) as u32)
+            .map_or(0, |m| m.groups.len() as u32)
+    }
+
+    /// Copies held by consumers (queued for them or delivered, not settled), summed over the
+    /// shard: `ShardStats.inFlight`.
+    pub(super) fn held_copies(&self) -> u64 {
+        self.hub
+            .consumers
+            .values()
+            .map(|c| c.held.len() as u64)
+            .sum()
     }
 
     fn group_figures(&self, topics: &[TopicFigures]) -> Vec<GroupFigures> {
@@ -115,8 +132,8 @@ impl ShardCore {
         let mut groups: Vec<GroupFigures> = self
             .hub
             .recipients
-            .values()
-            .map(|r| {
+            .iter()
+            .map(|(id, r)| {
                 let (waiting, scheduled) =
                     by_name.get(r.topic.as_ref()).copied().unwrap_or_default();
                 let (group, members) = self.members_of(r);
@@ -127,6 +144,7 @@ impl ShardCore {
                     consumers: members.len() as u32,
                     backlog: waiting + pending,
                     pending,
+                    delayed: self.inflight.delayed_of(*id),
                     scheduled,
                     in_flight: members
                         .iter()

@@ -90,6 +90,10 @@ pub struct ShardStats {
     /// Messages dispatched with at least one copy not yet settled (Pending, Delayed or Held):
     /// entries whose copies are all done and only wait for their delete are not counted.
     pub in_flight: usize,
+    /// Copies held by consumers (queued for them or delivered, not settled): `ShardStats.inFlight`.
+    pub held_copies: u64,
+    /// Copies waiting out a NACK delay, a backoff or their dead-letter publish.
+    pub delayed_copies: u64,
     pub active_consumers: usize,
     pub delete_batches_total: u64,
     pub deleted_keys_total: u64,
@@ -97,6 +101,8 @@ pub struct ShardStats {
     pub delete_queued: usize,
     /// Keys not yet deleted: queued, or in delete batches not yet applied.
     pub delete_backlog: usize,
+    /// `delivery.deleteBacklogMaxKeys`: dispatch pauses while `delete_backlog` is at it.
+    pub delete_backlog_max: usize,
     pub pending_copies: usize,
     /// Stored messages that are due and not dispatched, plus copies waiting for redelivery.
     pub backlog: u64,
@@ -259,6 +265,8 @@ impl ShardCore {
             backlog: topics.iter().map(|t| t.waiting).sum::<u64>()
                 + groups.iter().map(|g| g.pending).sum::<u64>(),
             scheduled: topics.iter().map(|t| t.scheduled).sum(),
+            held_copies: self.held_copies(),
+            delayed_copies: groups.iter().map(|g| g.delayed).sum(),
             counted: self.stock.counted(),
             topics,
             groups,
@@ -270,6 +278,7 @@ impl ShardCore {
             delete_failures_total: self.deleter.failures_total,
             delete_queued: self.deleter.queued(),
             delete_backlog: self.deleter.backlog(),
+            delete_backlog_max: self.delivery.delete_backlog_keys_max,
             pending_copies: self.hub.recipients.values().map(|r| r.pending.len()).sum(),
             dedup_entries: self.dedup.len(),
             dedup_producers: self.dedup.producers(),

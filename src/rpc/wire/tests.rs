@@ -451,6 +451,7 @@ fn topology_and_stats_round_trip() {
             backlog: 1,
             scheduled: 11,
             counted: true,
+            delayed: 12,
         }],
         groups: vec![GroupStats {
             topic: "orders".into(),
@@ -466,6 +467,7 @@ fn topology_and_stats_round_trip() {
             expired: 9,
             dead_lettered: 10,
             scheduled: 11,
+            delayed: 12,
         }],
         topics: vec![TopicStats {
             topic: "orders".into(),
