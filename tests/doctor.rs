@@ -15,6 +15,7 @@ const CHECKS: &[&str] = &[
     "numa layout",
     "transparent huge pages",
     "memlock limit",
+    "open files limit",
     "io_uring",
     "data directory",
 ];

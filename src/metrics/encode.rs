@@ -356,6 +356,7 @@ impl Collector for ShardCollector {
             }
         }
         encode_raft(&mut encoder, &shards)?;
+        encode_certificate(&mut encoder, &self.slots)?;
         super::groups::encode(&mut encoder, &shards)?;
         let storage: Vec<(&str, &StorageFigures)> = shards
             .iter()
@@ -495,6 +496,26 @@ fn encode_health(
                 .encode_gauge(&on)?;
         }
     }
+    Ok(())
+}
+
+/// The server certificate's end of validity, with TLS on (nothing without TLS).
+fn encode_certificate(
+    encoder: &mut DescriptorEncoder,
+    slots: &MetricsSlots,
+) -> Result<(), std::fmt::Error> {
+    let Some((file, not_after_s)) = slots.certificate() else {
+        return Ok(());
+    };
+    let mut family = encoder.encode_descriptor(
+        "pinq_tls_certificate_expiry_timestamp_seconds",
+        "When the server certificate (server.tls.certFile, read at start-up) stops being valid, in Unix seconds; a renewed file is read at the next restart.",
+        None,
+        MetricType::Gauge,
+    )?;
+    family
+        .encode_family(&[("file", file)])?
+        .encode_gauge(&not_after_s)?;
     Ok(())
 }
 

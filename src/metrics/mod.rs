@@ -349,17 +349,32 @@ pub const STALLED_AFTER: Duration = Duration::from_secs(10);
 /// A shard's latest snapshot and when it was taken; `None` until its first.
 type Slot = Mutex<Option<(Instant, ShardSnapshot)>>;
 
-/// One slot per shard.
+/// One slot per shard, and what the node knows of itself at start-up.
 #[derive(Clone, Debug, Default)]
 pub struct MetricsSlots {
     slots: Arc<Vec<Slot>>,
+    /// The server certificate's file and its end of validity (Unix seconds), with TLS on.
+    certificate: Option<Arc<(String, i64)>>,
 }
 
 impl MetricsSlots {
     pub fn new(shards: usize) -> MetricsSlots {
         MetricsSlots {
             slots: Arc::new((0..shards).map(|_| Mutex::new(None)).collect()),
+            certificate: None,
         }
+    }
+
+    /// Exports the end of validity of the server certificate read from `file`
+    /// (`pinq_tls_certificate_expiry_timestamp_seconds`).
+    pub fn with_certificate(mut self, file: String, not_after_s: i64) -> MetricsSlots {
+        self.certificate = Some(Arc::new((file, not_after_s)));
+        self
+    }
+
+    /// The server certificate's file and end of validity, with TLS on.
+    pub fn certificate(&self) -> Option<(&str, i64)> {
+        self.certificate.as_deref().map(|(f, t)| (f.as_str(), *t))
     }
 
     /// Stores shard `shard`'s latest snapshot (called by that shard only).

@@ -226,6 +226,29 @@ pub fn memlock(soft: Option<u64>, shards: usize, privileged: bool) -> Finding {
     Finding::ok(CHECK, format!("{limit} bytes{note}"))
 }
 
+/// Files each shard may keep open besides client connections: its WAL segments, tables being
+/// read, flushed and compacted, and the Raft log in a cluster.
+pub const FILES_PER_SHARD: u64 = 256;
+
+/// The open-files limit against what the broker may open: one descriptor per client
+/// connection, up to `connections_max` (`server.maxConnections`), plus [`FILES_PER_SHARD`]
+/// per shard.
+pub fn open_files(soft: Option<u64>, shards: usize, connections_max: u64) -> Finding {
+    const CHECK: &str = "open files limit";
+    let Some(limit) = soft else {
+        return Finding::ok(CHECK, "unlimited");
+    };
+    let wanted = connections_max.saturating_add(FILES_PER_SHARD.saturating_mul(shards as u64));
+    if limit < wanted {
+        return Finding::warn(
+            CHECK,
+            format!("{limit}, below the {wanted} that {connections_max} connections (server.maxConnections) and {shards} shard(s) may open"),
+            "raise it: LimitNOFILE=1048576 in the systemd unit (deploy/systemd/pinq.service), or nofile in /etc/security/limits.conf; past the limit, new connections fail to be accepted",
+        );
+    }
+    Finding::ok(CHECK, format!("{limit}"))
+}
+
 /// io_uring availability: the sysctl and the result of a real `io_uring_setup`.
 pub fn io_uring(disabled: u8, setup: &Result<(), String>) -> Finding {
     const CHECK: &str = "io_uring";
@@ -485,6 +508,14 @@ mod tests {
     fn thp_always_warns() {
         assert_eq!(thp(Some("always")).level, Level::Warn);
         assert_eq!(thp(Some("madvise")).level, Level::Ok);
+    }
+
+    #[test]
+    fn open_files_below_connections_plus_shard_files_warns() {
+        assert_eq!(open_files(Some(1024), 2, 4096).level, Level::Warn);
+        assert_eq!(open_files(Some(4096 + 512), 2, 4096).level, Level::Ok);
+        assert_eq!(open_files(Some(65_536), 64, 4096).level, Level::Ok);
+        assert_eq!(open_files(None, 64, 4096).level, Level::Ok);
     }
 
     #[test]

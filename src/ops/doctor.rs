@@ -54,15 +54,7 @@ pub fn inspect(cpus_text: &str, data_dir: &Path) -> Vec<Finding> {
         findings.push(checks::numa(&cpus, &host::numa_nodes()));
     }
     findings.push(checks::thp(host::thp_mode().as_deref()));
-    findings.push(match host::memlock_soft() {
-        Ok(limit) => checks::memlock(limit, cpus.len().max(1), host::is_root()),
-        Err(e) => Finding {
-            check: "memlock limit",
-            level: Level::Warn,
-            detail: e,
-            advice: Some("check ulimit -l".into()),
-        },
-    });
+    findings.extend(limits(cpus.len().max(1)));
     findings.push(checks::io_uring(
         host::io_uring_disabled(),
         &host::io_uring_setup_works(),
@@ -93,6 +85,28 @@ pub fn inspect(cpus_text: &str, data_dir: &Path) -> Vec<Finding> {
     });
     findings.extend(checks::table_blocks(&host::table_reports(data_dir)));
     findings
+}
+
+/// The process limits the broker needs: locked memory and open files, for `shards` shards.
+fn limits(shards: usize) -> [Finding; 2] {
+    let unreadable = |check: &'static str, detail: String, advice: &str| Finding {
+        check,
+        level: Level::Warn,
+        detail,
+        advice: Some(advice.into()),
+    };
+    let memlock = match host::memlock_soft() {
+        Ok(limit) => checks::memlock(limit, shards, host::is_root()),
+        Err(e) => unreadable("memlock limit", e, "check ulimit -l"),
+    };
+    let connections_max = crate::config::ServerConfig::default()
+        .client
+        .connections_max;
+    let open_files = match host::open_files_soft() {
+        Ok(limit) => checks::open_files(limit, shards, connections_max as u64),
+        Err(e) => unreadable("open files limit", e, "check ulimit -n"),
+    };
+    [memlock, open_files]
 }
 
 /// The expiry of the server certificate at `path` (its first certificate), judged now.

@@ -135,6 +135,14 @@ pub fn memlock_soft() -> Result<Option<u64>, String> {
         .ok_or_else(|| "no \"Max locked memory\" line in /proc/self/limits".to_owned())
 }
 
+/// The soft open-files limit (`None`: unlimited); `Err` if it could not be read.
+pub fn open_files_soft() -> Result<Option<u64>, String> {
+    let limits = read("/proc/self/limits").ok_or("cannot read /proc/self/limits")?;
+    parse::open_files_limits(&limits)
+        .map(|(soft, _)| soft.0)
+        .ok_or_else(|| "no \"Max open files\" line in /proc/self/limits".to_owned())
+}
+
 /// Whether this process runs as root (root may lock memory past the limit).
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

@@ -21,16 +21,24 @@ pub fn bracketed_choice(text: &str) -> Option<&str> {
         .find_map(|word| word.strip_prefix('[')?.strip_suffix(']'))
 }
 
-/// A memlock limit in bytes; `None` for `unlimited`.
+/// A resource limit (bytes, files); `None` for `unlimited`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limit(pub Option<u64>);
 
 /// The soft and hard `Max locked memory` limits from `/proc/self/limits`.
 pub fn memlock_limits(limits: &str) -> Option<(Limit, Limit)> {
-    let line = limits
-        .lines()
-        .find(|line| line.starts_with("Max locked memory"))?;
-    let mut fields = line["Max locked memory".len()..].split_whitespace();
+    resource_limits(limits, "Max locked memory")
+}
+
+/// The soft and hard `Max open files` limits from `/proc/self/limits`.
+pub fn open_files_limits(limits: &str) -> Option<(Limit, Limit)> {
+    resource_limits(limits, "Max open files")
+}
+
+/// The soft and hard limits of the `/proc/self/limits` line that starts with `name`.
+fn resource_limits(limits: &str, name: &str) -> Option<(Limit, Limit)> {
+    let line = limits.lines().find(|line| line.starts_with(name))?;
+    let mut fields = line[name.len()..].split_whitespace();
     let parse = |field: Option<&str>| -> Option<Limit> {
         match field? {
             "unlimited" => Some(Limit(None)),
@@ -96,6 +104,7 @@ mod tests {
         "Limit                     Soft Limit           Hard Limit           Units     \n\
 Max cpu time              unlimited            unlimited            seconds   \n\
 Max locked memory         8388608              unlimited            bytes     \n\
+Max open files            1024                 524288               files     \n\
 Max address space         unlimited            unlimited            bytes     \n";
 
     const MOUNTINFO: &str = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
@@ -130,6 +139,14 @@ Max address space         unlimited            unlimited            bytes     \n
         assert_eq!(
             memlock_limits("Max cpu time  unlimited unlimited seconds"),
             None
+        );
+    }
+
+    #[test]
+    fn open_files_limits_read_soft_and_hard() {
+        assert_eq!(
+            open_files_limits(LIMITS),
+            Some((Limit(Some(1024)), Limit(Some(524_288))))
         );
     }
 

@@ -91,6 +91,16 @@ pub fn validity(path: &Path, cert: &CertificateDer<'_>) -> Result<Validity, TlsE
     })
 }
 
+/// The end of validity (Unix seconds) of the server certificate of `files` (the first of its
+/// chain), for the metric operators alert on before it passes.
+pub fn server_not_after_s(files: &TlsFiles) -> Result<i64, TlsError> {
+    let certs = load_certs(&files.cert_file)?;
+    let first = certs
+        .first()
+        .ok_or_else(|| file_error(&files.cert_file, "holds no PEM CERTIFICATE block"))?;
+    Ok(validity(&files.cert_file, first)?.not_after_s)
+}
+
 /// Refuses a certificate outside its validity period at `now_s`.
 fn check_valid_now(path: &Path, cert: &CertificateDer<'_>, now_s: i64) -> Result<(), TlsError> {
     let v = validity(path, cert)?;

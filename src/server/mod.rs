@@ -108,8 +108,13 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let security = crate::security::Security::from_config(&config.security)?;
     ensure_ports_free(&config)?;
     let listen = resolve_port(config.server.listen)?;
+    let mut slots = MetricsSlots::new(count);
+    if let Some(files) = &config.security.tls {
+        let not_after_s = crate::security::tls::server_not_after_s(files)?;
+        slots = slots.with_certificate(files.cert_file.display().to_string(), not_after_s);
+    }
     let ops = Ops {
-        slots: MetricsSlots::new(count),
+        slots,
         shutdown: ShutdownFlag::default(),
     };
     shutdown::install(ops.shutdown.clone())?;
