@@ -123,7 +123,7 @@ impl AckGroup {
             return;
         }
         let reply = super::subscription::ack_call(&self.capability, &tags, self.level);
-        glommio::spawn_local(async move { answer(waiters, reply.await) }).detach();
+        super::runtime::spawn_local(async move { answer(waiters, reply.await) }).detach();
     }
 
     /// Starts the window's timer unless one already runs for the open group.
@@ -137,8 +137,8 @@ impl AckGroup {
             open.generation
         };
         let group = self.clone();
-        glommio::spawn_local(async move {
-            glommio::timer::sleep(group.window).await;
+        super::runtime::spawn_local(async move {
+            super::runtime::sleep(group.window).await;
             if group.open.borrow().generation == generation {
                 group.flush();
             }

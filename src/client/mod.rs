@@ -2,9 +2,11 @@
 //! subscribe, and ack, nack or touch what was delivered.
 //!
 //! Everything here runs on a glommio executor (`LocalExecutor::run` or one of the broker's own
-//! shards): a [`Client`] owns one TCP connection whose RPC system is a task of the executor it
-//! was created on, and neither it nor anything derived from it may leave that thread (capnp-rpc
-//! is built on `Rc`). Open one client per core when several cores talk to the broker.
+//! shards) or on a tokio runtime, inside a `tokio::task::LocalSet` ([`runtime`] picks by where
+//! it is called; `examples/tokio_client.rs`): a [`Client`] owns one TCP connection whose RPC
+//! system is a task of the executor it was created on, and neither it nor anything derived from
+//! it may leave that thread (capnp-rpc is built on `Rc`). Open one client per core when several
+//! cores talk to the broker.
 //!
 //! Requests are sent when the method is called, not when its [`Pending`] reply is first polled:
 //! calling [`Client::publish`] several times before awaiting keeps several batches in flight on
@@ -31,6 +33,7 @@ mod ack_group;
 mod policy;
 mod publisher;
 mod router;
+pub mod runtime;
 mod subscription;
 
 #[cfg(test)]
@@ -49,7 +52,8 @@ use capnp::message::ReaderOptions;
 use capnp_rpc::rpc_twoparty_capnp::Side;
 use capnp_rpc::{twoparty, RpcSystem};
 use futures_lite::io::{BufReader, BufWriter};
-use glommio::net::TcpStream;
+
+use self::runtime::Tcp;
 
 pub use self::ack_group::{AckGroup, ACK_GROUP_TAGS_MAX};
 pub use self::policy::GroupPolicy;
@@ -266,7 +270,7 @@ struct Connection {
     /// not export by name).
     disconnector: RefCell<Option<Closing>>,
     /// Dropping the task (with the last handle) cancels it, which closes the socket.
-    _rpc_task: glommio::Task<Result<(), capnp::Error>>,
+    _rpc_task: runtime::Task<Result<(), capnp::Error>>,
 }
 
 /// A connection to a pinq broker. Cheap to clone; all clones share the connection.
@@ -285,7 +289,7 @@ impl fmt::Debug for Client {
 
 impl Client {
     /// Connects to a broker (`"127.0.0.1:7400"`) with default options and does the version
-    /// handshake. Must run on a glommio executor.
+    /// handshake. Must run on a glommio executor or in a tokio `LocalSet` ([`runtime`]).
     pub async fn connect(addr: impl ToSocketAddrs + fmt::Display) -> Result<Client, ClientError> {
         Client::connect_with(addr, &ClientOptions::default()).await
     }
@@ -308,11 +312,9 @@ impl Client {
             "the name resolved to no address",
         );
         for candidate in candidates {
-            match TcpStream::connect_timeout(candidate, options.connect_timeout.max(MIN_TIMEOUT))
-                .await
-            {
+            match Tcp::connect(candidate, options.connect_timeout).await {
                 Ok(stream) => return Client::over(stream, &name, options).await,
-                Err(e) => last_error = e.into(),
+                Err(e) => last_error = e,
             }
         }
         Err(ClientError::Connect {
@@ -324,20 +326,11 @@ impl Client {
     /// Runs the protocol over an established stream (through TLS when configured; `name` is
     /// the address asked for, whose host the broker's certificate must name) and does the
     /// handshake.
-    async fn over(
-        stream: TcpStream,
-        name: &str,
-        options: &ClientOptions,
-    ) -> Result<Client, ClientError> {
+    async fn over(stream: Tcp, name: &str, options: &ClientOptions) -> Result<Client, ClientError> {
         let peer = stream
             .peer_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "?".into());
-        // Requests are small and latency matters more than packet count.
-        stream.set_nodelay(true).map_err(|e| ClientError::Connect {
-            addr: peer.clone(),
-            source: e.into(),
-        })?;
         let tls = match &options.security.tls {
             None => None,
             Some(tls) => {
@@ -348,9 +341,19 @@ impl Client {
                 Some((&tls.config, server_name))
             }
         };
-        let deadline = options.connect_timeout.max(MIN_TIMEOUT);
-        let stream = crate::security::stream::connect(tls, stream, deadline)
+        let deadline = options.connect_timeout;
+        let handshake = crate::security::stream::connect(tls, stream);
+        let stream = runtime::within(deadline, handshake)
             .await
+            .unwrap_or_else(|| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the TLS handshake took longer than {} ms",
+                        deadline.as_millis()
+                    ),
+                ))
+            })
             .map_err(|source| ClientError::Connect {
                 addr: peer.clone(),
                 source,
@@ -368,7 +371,7 @@ impl Client {
         let mut rpc_system = RpcSystem::new(Box::new(network), None);
         let broker: broker::Client = rpc_system.bootstrap(Side::Server);
         let disconnector = rpc_system.get_disconnector();
-        let rpc_task = glommio::spawn_local(rpc_system);
+        let rpc_task = runtime::spawn_local(rpc_system);
 
         let (server, members) = match hello(&broker, PROTOCOL_VERSION, options).await {
             // A broker of protocol 1 only: speak 1, whose refusals are exceptions.
@@ -626,6 +629,3 @@ async fn hello(
     }
     Ok((server, members))
 }
-
-/// glommio refuses a zero connect timeout.
-const MIN_TIMEOUT: Duration = Duration::from_millis(1);

@@ -141,12 +141,12 @@ impl Router {
     /// handshake teaches nothing, and the members its handshake named remain to be tried.
     async fn learn(&self, client: &Client) {
         let limit = self.options.learn_timeout;
-        if let Some(Ok(status)) = within(limit, client.cluster_status()).await {
+        if let Some(Ok(status)) = super::runtime::within(limit, client.cluster_status()).await {
             let addresses: Vec<String> =
                 status.nodes.into_iter().map(|n| n.client_address).collect();
             self.add_members(&addresses);
         }
-        if let Some(Ok(shards)) = within(limit, client.topology()).await {
+        if let Some(Ok(shards)) = super::runtime::within(limit, client.topology()).await {
             let mut leaders = self.leaders.borrow_mut();
             for shard in shards {
                 if !shard.leader_address.is_empty() {
@@ -293,7 +293,7 @@ impl Router {
             }
             // A named leader is tried at once; otherwise give the election a moment.
             if !self.leaders.borrow().contains_key(&shard) {
-                glommio::timer::sleep(backoff(attempt)).await;
+                super::runtime::sleep(backoff(attempt)).await;
             }
         }
     }
@@ -308,11 +308,13 @@ impl Router {
             let client = self.client_at(addr).await?;
             call(client).await
         };
-        within(timeout, attempt).await.unwrap_or_else(|| {
-            Err(ClientError::Disconnected(format!(
-                "no answer from {addr} within {timeout:?}"
-            )))
-        })
+        super::runtime::within(timeout, attempt)
+            .await
+            .unwrap_or_else(|| {
+                Err(ClientError::Disconnected(format!(
+                    "no answer from {addr} within {timeout:?}"
+                )))
+            })
     }
 }
 
@@ -326,15 +328,6 @@ fn pick_member(members: &[String], is_suspect: impl Fn(&String) -> bool, attempt
     } else {
         trusted[attempt % trusted.len()].clone()
     }
-}
-
-/// `future`'s output, or `None` if it takes longer than `limit`.
-async fn within<T>(limit: Duration, future: impl Future<Output = T>) -> Option<T> {
-    futures_lite::future::or(async { Some(future.await) }, async {
-        glommio::timer::sleep(limit).await;
-        None
-    })
-    .await
 }
 
 /// Errors another node (or a later try) may not have: the node is gone or paused, it is

@@ -272,7 +272,7 @@ impl Subscription {
     /// from a subscription the broker ended. Bounded by [`WHY_ENDED_TIMEOUT`].
     async fn why_ended(&self) -> ClientError {
         let probe = futures_lite::future::or(async { Some(self.client.topology().await) }, async {
-            glommio::timer::sleep(WHY_ENDED_TIMEOUT).await;
+            super::runtime::sleep(WHY_ENDED_TIMEOUT).await;
             None
         })
         .await;

@@ -1,11 +1,13 @@
 //! The one stream type connections run over: plain TCP, or TLS over TCP (rustls through
-//! `futures-rustls`, which fits glommio's futures-io streams).
+//! `futures-rustls`, which fits glommio's futures-io streams). The server's streams are
+//! glommio's; a client's may be any futures-io stream (`crate::client::runtime::Tcp`, glommio's
+//! or tokio's), so [`Stream`] is generic over the transport with glommio's TCP as default.
 //!
 //! [`accept`] does the server's handshake within a deadline, so a client that connects and says
 //! nothing (or speaks plain Cap'n Proto to a TLS port) holds its connection slot no longer than
 //! that: the handshake fails or times out and the connection is closed. [`connect`] does the
-//! client's. Both are called once per connection; the per-byte path is the `AsyncRead` and
-//! `AsyncWrite` delegation below.
+//! client's (its caller bounds it with its own executor's timer). Both are called once per
+//! connection; the per-byte path is the `AsyncRead` and `AsyncWrite` delegation below.
 
 use std::io;
 use std::pin::Pin;
@@ -17,13 +19,13 @@ use futures_lite::io::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
 use rustls::pki_types::ServerName;
 
-/// A connection's byte stream.
-pub enum Stream {
-    Plain(TcpStream),
-    Tls(Box<futures_rustls::TlsStream<TcpStream>>),
+/// A connection's byte stream over the transport `S`.
+pub enum Stream<S = TcpStream> {
+    Plain(S),
+    Tls(Box<futures_rustls::TlsStream<S>>),
 }
 
-impl Stream {
+impl<S> Stream<S> {
     /// Whether the stream is encrypted.
     pub fn is_tls(&self) -> bool {
         matches!(self, Stream::Tls(_))
@@ -48,23 +50,20 @@ pub async fn accept(
     within(deadline, handshake).await
 }
 
-/// Does the client's side of the TLS handshake (none without `tls`) within `deadline`.
-pub async fn connect(
+/// Does the client's side of the TLS handshake (none without `tls`); the caller bounds it in
+/// time with its executor's timer.
+pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
     tls: Option<(&Arc<rustls::ClientConfig>, ServerName<'static>)>,
-    stream: TcpStream,
-    deadline: Duration,
-) -> io::Result<Stream> {
+    stream: S,
+) -> io::Result<Stream<S>> {
     let Some((config, name)) = tls else {
         return Ok(Stream::Plain(stream));
     };
     let connector = futures_rustls::TlsConnector::from(config.clone());
-    let handshake = async {
-        let tls = connector.connect(name, stream).await?;
-        Ok(Stream::Tls(Box::new(futures_rustls::TlsStream::Client(
-            tls,
-        ))))
-    };
-    within(deadline, handshake).await
+    let tls = connector.connect(name, stream).await?;
+    Ok(Stream::Tls(Box::new(futures_rustls::TlsStream::Client(
+        tls,
+    ))))
 }
 
 async fn within(
@@ -84,7 +83,7 @@ async fn within(
     .await
 }
 
-impl AsyncRead for Stream {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Stream<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -97,7 +96,7 @@ impl AsyncRead for Stream {
     }
 }
 
-impl AsyncWrite for Stream {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Stream<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
