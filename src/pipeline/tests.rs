@@ -1463,3 +1463,55 @@ fn a_drained_in_flight_table_and_timer_heap_give_their_memory_back() {
         "{after:?}"
     );
 }
+
+/// A group's (backlog, delayed, in flight, scheduled), and the shard's copies in flight and
+/// delayed.
+fn gauges(sim: &Sim) -> ((u64, u64, u64, u64), (u64, u64)) {
+    let stats = sim.core.borrow().stats();
+    let g = &stats.groups[0];
+    (
+        (g.backlog, g.delayed, g.in_flight, g.scheduled),
+        (stats.held_copies, stats.delayed_copies),
+    )
+}
+
+#[test]
+fn every_unacked_copy_is_in_one_gauge_while_nack_delays_and_backoffs_run_out() {
+    let backoff = super::policy::Backoff::new(400, 400).ok();
+    let mut sim = Sim::new(DeliveryConfig {
+        consumer_queue_len_max: 16,
+        redelivery_backoff: backoff,
+        ..config()
+    });
+    let c = sim.subscribe("t", "g");
+    let tags: Vec<EventKey> = (0..4).map(|i| sim.publish("t", &format!("m{i}"))).collect();
+    sim.publish_with("t", "later", 60_000, 0);
+    assert_eq!(
+        gauges(&sim),
+        ((4, 0, 0, 1), (0, 0)),
+        "due, not yet dispatched"
+    );
+    sim.settle();
+    assert_eq!(keys(&sim.recv(c)), tags);
+    assert_eq!(gauges(&sim), ((0, 0, 4, 1), (4, 0)));
+    // A NACK with a delay, a NACK under the backoff (400 ms less up to a quarter), an ACK.
+    sim.nack(c, &tags[..1], 200);
+    sim.nack(c, &tags[1..2], 0);
+    sim.ack(c, &tags[2..3]);
+    assert_eq!(gauges(&sim), ((0, 2, 1, 1), (1, 2)), "5 published, 1 ACKed");
+    sim.advance(200);
+    sim.settle();
+    assert_eq!(
+        gauges(&sim),
+        ((0, 1, 2, 1), (2, 1)),
+        "the delay ran out: held again"
+    );
+    sim.advance(400);
+    sim.settle();
+    assert_eq!(
+        gauges(&sim),
+        ((0, 0, 3, 1), (3, 0)),
+        "the backoff ran out too"
+    );
+    sim.core.borrow().assert_consistent();
+}
