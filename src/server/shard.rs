@@ -637,7 +637,7 @@ impl Shard {
                 glommio::spawn_local(async move { shard.handle(request).await }).detach();
             }
             ShardMsg::Deliver { sink, deliveries } => self.deliver_local(sink, deliveries),
-            ShardMsg::Credit { consumer, n } => self.add_credit(consumer, n),
+            ShardMsg::Credit { consumer, keys } => self.add_credit(consumer, &keys),
             ShardMsg::CloseSink { sink } => self.close_sink(sink),
             ShardMsg::RaftIn(messages) => {
                 if let Some(store) = self.replicated() {
@@ -922,11 +922,20 @@ impl Shard {
         }
     }
 
-    /// The client returned `n` deliveries of `consumer`: give its window back on the owner.
-    pub async fn return_credit(self: &Rc<Self>, owner: usize, consumer: ConsumerId, n: usize) {
+    /// The client returned the deliveries `keys` of `consumer`: give its window back on the
+    /// owner, where their leases start.
+    pub async fn return_credit(
+        self: &Rc<Self>,
+        owner: usize,
+        consumer: ConsumerId,
+        keys: Vec<EventKey>,
+    ) {
         if owner == self.id {
-            self.add_credit(consumer, n);
-        } else if let Err(e) = self.send_to(owner, ShardMsg::Credit { consumer, n }).await {
+            self.add_credit(consumer, &keys);
+        } else if let Err(e) = self
+            .send_to(owner, ShardMsg::Credit { consumer, keys })
+            .await
+        {
             tracing::warn!(shard = self.id, "{e}");
         }
     }
@@ -954,8 +963,8 @@ impl Shard {
     /// Gives a consumer's window back and moves what it now allows in a task of its own, never
     /// in the caller: a mesh receive loop that awaited a send to a full channel could deadlock
     /// with the shard on the other end doing the same. At most one such task runs per consumer.
-    fn add_credit(self: &Rc<Self>, consumer: ConsumerId, n: usize) {
-        if self.core.borrow_mut().returned(consumer, n) {
+    fn add_credit(self: &Rc<Self>, consumer: ConsumerId, keys: &[EventKey]) {
+        if self.core.borrow_mut().returned(now_ms(), consumer, keys) {
             // It was full: the dispatcher may have copies waiting for room.
             self.dispatcher.kick();
         }
