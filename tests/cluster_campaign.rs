@@ -542,6 +542,8 @@ struct Findings {
     examples: Vec<String>,
     attempt_decreases: usize,
     longest_publish_gap: Duration,
+    /// The five longest gaps between acknowledged publishes, and where they began.
+    longest_gaps: Vec<String>,
 }
 
 /// The findings of a campaign whose faults began at `started`.
@@ -593,11 +595,21 @@ fn judge(records: &Records, started: Instant) -> Findings {
     findings.lost.sort();
     let mut times: Vec<Instant> = records.acked.values().copied().collect();
     times.sort();
-    findings.longest_publish_gap = times
-        .windows(2)
-        .map(|w| w[1] - w[0])
-        .max()
-        .unwrap_or_default();
+    let mut gaps: Vec<(Duration, Instant)> =
+        times.windows(2).map(|w| (w[1] - w[0], w[0])).collect();
+    gaps.sort_by(|a, b| b.0.cmp(&a.0));
+    findings.longest_publish_gap = gaps.first().map_or(Duration::ZERO, |g| g.0);
+    findings.longest_gaps = gaps
+        .iter()
+        .take(5)
+        .map(|(gap, from)| {
+            format!(
+                "{:.2} s from {:.1} s",
+                gap.as_secs_f64(),
+                from.saturating_duration_since(started).as_secs_f64()
+            )
+        })
+        .collect();
     findings
 }
 
@@ -646,12 +658,11 @@ fn settled_leader(net: &Net, limit: Duration) -> Result<u64, String> {
     }
 }
 
-// Out of the default suite until the redeliveries it finds are fixed: a 240 s run on main at
-// 95261e3 delivered 64 copies again after their durable ACK was answered ok (issue 21, the
-// stop 27 note). Run it with `cargo test --release --test cluster_campaign -- --ignored` or
-// `perf/campaign.sh SECS`.
+// The short version (60 s) runs in the default suite; `perf/campaign.sh SECS` runs it longer.
+// A 240 s run on 95261e3 delivered 64 copies again after their durable ACK was answered ok:
+// copies whose lease ran out while they were still on their way through a cut network (leases
+// now start at the receipt; see README, Decisions → Delivery).
 #[test]
-#[ignore = "finds copies delivered after a durable ACK ok (issue 21, open); perf/campaign.sh runs it"]
 fn fault_campaign_loses_no_acknowledged_publish_and_redelivers_no_durably_acked_copy() {
     if let Some(reason) = skip_reason() {
         println!("fault campaign skipped: {reason}");
@@ -763,6 +774,7 @@ fn fault_campaign_loses_no_acknowledged_publish_and_redelivers_no_durably_acked_
         panics.len(),
         findings.longest_publish_gap,
     );
+    println!("longest gaps: {}", findings.longest_gaps.join(", "));
     assert!(findings.acked > 0, "no publish was acknowledged at all");
     assert!(
         findings.lost.is_empty(),
