@@ -34,7 +34,7 @@ enum Command {
 fn message(i: u64) -> ShardMsg {
     ShardMsg::Credit {
         consumer: ConsumerId(i),
-        n: 1,
+        keys: Vec::new(),
     }
 }
 

@@ -91,8 +91,9 @@ impl Shard {
     fn drain(&self) -> Vec<EventKey> {
         let mut core = self.core.borrow_mut();
         let deliveries = core.drain(self.now_ms, self.consumer, usize::MAX);
-        core.returned(self.consumer, deliveries.len());
-        deliveries.iter().map(|d| d.key).collect()
+        let keys: Vec<EventKey> = deliveries.iter().map(|d| d.key).collect();
+        core.returned(self.now_ms, self.consumer, &keys);
+        keys
     }
 
     /// One pass a poll interval after the last: the topic is scanned, nothing is due.

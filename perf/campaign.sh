@@ -5,8 +5,7 @@
 # lost, copies delivered after a `durable` ACK was answered ok, attempt decreases, the leader at
 # the end, panics in the logs, and the longest gap between acknowledged publishes.
 #
-# The harness is the test tests/cluster_campaign.rs (ignored in the default suite while it still
-# finds redeliveries after durable ACKs; `-- --ignored` runs it for 60 s); this script
+# The harness is the test tests/cluster_campaign.rs (60 s in the default suite); this script
 # runs it longer. Needs root and `ip netns`; namespaces and processes are removed at the end.
 #
 # usage: perf/campaign.sh [seconds]     (default 300; PINQ_CAMPAIGN_SEED replays a run's choices)
@@ -18,6 +17,6 @@ SECS=${1:-300}
 mkdir -p perf/results/tmp
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 OUT="perf/results/tmp/campaign-$STAMP.txt"
-PINQ_CAMPAIGN_LOG_DIR="$PWD/perf/results/tmp/campaign-$STAMP-logs" PINQ_CAMPAIGN_SECS="$SECS" cargo test --release --test cluster_campaign -- --ignored --nocapture --test-threads 1 2>&1 \
+PINQ_CAMPAIGN_LOG_DIR="$PWD/perf/results/tmp/campaign-$STAMP-logs" PINQ_CAMPAIGN_SECS="$SECS" cargo test --release --test cluster_campaign -- --nocapture --test-threads 1 2>&1 \
     | tee "$OUT" | grep -E "^fault campaign|^ +[0-9.]+ s |test result|panicked"
 echo "full output: $OUT, node logs: perf/results/tmp/campaign-$STAMP-logs/"

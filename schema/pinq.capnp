@@ -244,9 +244,11 @@ interface Consumer {
   # consumer in calls that have not returned, so a client applies back-pressure simply by not
   # returning until it has room for the batch (a consumer at its bound is skipped, and the copy
   # goes to another consumer of the group). Several calls may be in flight at once; they arrive
-  # in order. A copy is in flight (its timeout running) from the moment it is sent: acknowledge
-  # it with `Subscription.ack`, hand it back with `nack`, or extend its lease with `touch`.
-  # If the call throws, the broker treats it as a disconnect of this consumer.
+  # in order. A copy is in flight from the moment it is sent; its lease (`inFlightTimeout`)
+  # starts when this call returns (the consumer has it): acknowledge it with `Subscription.ack`,
+  # hand it back with `nack`, or extend its lease with `touch`. Until the call returns the copy
+  # goes to no one else; a call unanswered for the server's `deliverTimeout` resets the
+  # connection. If the call throws, the broker treats it as a disconnect of this consumer.
 }
 
 interface Subscription {

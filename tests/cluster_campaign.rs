@@ -306,7 +306,9 @@ struct Control {
 fn router_options() -> RouterOptions {
     let mut options = RouterOptions {
         patience: Duration::from_secs(3),
-        request_timeout: Duration::from_secs(2),
+        // A paused or cut-off leader answers nothing: the gap a client sees is at least this
+        // (a try that times out is sent again elsewhere, deduplicated by its producer sequence).
+        request_timeout: Duration::from_secs(1),
         ..RouterOptions::default()
     };
     options.client.connect_timeout = Duration::from_secs(1);
@@ -542,6 +544,8 @@ struct Findings {
     examples: Vec<String>,
     attempt_decreases: usize,
     longest_publish_gap: Duration,
+    /// The five longest gaps between acknowledged publishes, and where they began.
+    longest_gaps: Vec<String>,
 }
 
 /// The findings of a campaign whose faults began at `started`.
@@ -593,12 +597,51 @@ fn judge(records: &Records, started: Instant) -> Findings {
     findings.lost.sort();
     let mut times: Vec<Instant> = records.acked.values().copied().collect();
     times.sort();
-    findings.longest_publish_gap = times
-        .windows(2)
-        .map(|w| w[1] - w[0])
-        .max()
-        .unwrap_or_default();
+    let mut gaps: Vec<(Duration, Instant)> =
+        times.windows(2).map(|w| (w[1] - w[0], w[0])).collect();
+    gaps.sort_by(|a, b| b.0.cmp(&a.0));
+    findings.longest_publish_gap = gaps.first().map_or(Duration::ZERO, |g| g.0);
+    findings.longest_gaps = gaps
+        .iter()
+        .take(5)
+        .map(|(gap, from)| {
+            format!(
+                "{:.2} s from {:.1} s",
+                gap.as_secs_f64(),
+                from.saturating_duration_since(started).as_secs_f64()
+            )
+        })
+        .collect();
     findings
+}
+
+/// The longest gap between acknowledged publishes that began within a fault's period, per kind
+/// of fault (the first word of its description), e.g. `KillLeader 1.21 s`.
+fn gaps_by_fault(records: &Records, started: Instant, done: &[(f64, String)]) -> Vec<String> {
+    let mut times: Vec<f64> = records
+        .acked
+        .values()
+        .map(|t| t.saturating_duration_since(started).as_secs_f64())
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let mut by_kind: Vec<(String, f64)> = Vec::new();
+    for (at, what) in done {
+        let kind = what.split_whitespace().next().unwrap_or("?").to_owned();
+        let end = at + FAULT_PERIOD.as_secs_f64();
+        let longest = times
+            .windows(2)
+            .filter(|w| w[0] >= *at && w[0] < end)
+            .map(|w| w[1] - w[0])
+            .fold(0.0, f64::max);
+        match by_kind.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, gap)) => *gap = gap.max(longest),
+            None => by_kind.push((kind, longest)),
+        }
+    }
+    by_kind
+        .iter()
+        .map(|(kind, gap)| format!("{kind} {gap:.2} s"))
+        .collect()
 }
 
 /// Whether every acknowledged publish has been delivered.
@@ -646,12 +689,11 @@ fn settled_leader(net: &Net, limit: Duration) -> Result<u64, String> {
     }
 }
 
-// Out of the default suite until the redeliveries it finds are fixed: a 240 s run on main at
-// 95261e3 delivered 64 copies again after their durable ACK was answered ok (issue 21, the
-// stop 27 note). Run it with `cargo test --release --test cluster_campaign -- --ignored` or
-// `perf/campaign.sh SECS`.
+// The short version (60 s) runs in the default suite; `perf/campaign.sh SECS` runs it longer.
+// A 240 s run on 95261e3 delivered 64 copies again after their durable ACK was answered ok:
+// copies whose lease ran out while they were still on their way through a cut network (leases
+// now start at the receipt; see README, Decisions → Delivery).
 #[test]
-#[ignore = "finds copies delivered after a durable ACK ok (issue 21, open); perf/campaign.sh runs it"]
 fn fault_campaign_loses_no_acknowledged_publish_and_redelivers_no_durably_acked_copy() {
     if let Some(reason) = skip_reason() {
         println!("fault campaign skipped: {reason}");
@@ -705,7 +747,7 @@ fn fault_campaign_loses_no_acknowledged_publish_and_redelivers_no_durably_acked_
         let at = started.elapsed().as_secs_f64();
         let what = inject(fault, &mut nodes, &net, &mut rng);
         println!("  {at:>5.1} s  {what}");
-        done.push(what);
+        done.push((at, what));
         round += 1;
         if let Some(rest) = FAULT_PERIOD.checked_sub(round_start.elapsed()) {
             std::thread::sleep(rest);
@@ -762,6 +804,11 @@ fn fault_campaign_loses_no_acknowledged_publish_and_redelivers_no_durably_acked_
         findings.attempt_decreases,
         panics.len(),
         findings.longest_publish_gap,
+    );
+    println!("longest gaps: {}", findings.longest_gaps.join(", "));
+    println!(
+        "longest gap after each kind of fault: {}",
+        gaps_by_fault(&records, started, &done).join(", ")
     );
     assert!(findings.acked > 0, "no publish was acknowledged at all");
     assert!(

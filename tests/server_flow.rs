@@ -26,12 +26,15 @@ enum Mode {
     Stuck,
     /// Returns at once, and never ACKs.
     Hoard,
+    /// Returns this many milliseconds late (a network that holds the call, then heals).
+    Late(u64),
 }
 
 /// A `Consumer` that records (payload, attempt) of every delivery it was sent.
 struct Recorder {
     mode: Mode,
     seen: Rc<RefCell<Vec<(String, u32)>>>,
+    tags: Rc<RefCell<Vec<Vec<u8>>>>,
 }
 
 impl consumer::Server for Recorder {
@@ -43,9 +46,12 @@ impl consumer::Server for Recorder {
         for d in params.get()?.get_deliveries()? {
             let payload = String::from_utf8_lossy(d.get_payload()?).into_owned();
             self.seen.borrow_mut().push((payload, d.get_attempt()));
+            self.tags.borrow_mut().push(d.get_tag()?.to_vec());
         }
-        if self.mode == Mode::Stuck {
-            std::future::pending::<()>().await;
+        match self.mode {
+            Mode::Stuck => std::future::pending::<()>().await,
+            Mode::Late(ms) => sleep(ms).await,
+            Mode::Hoard => {}
         }
         Ok(())
     }
@@ -56,14 +62,17 @@ struct Raw {
     queue_size: u32,
     max_unacked: u32,
     seen: Rc<RefCell<Vec<(String, u32)>>>,
-    _subscription: subscription::Client,
+    tags: Rc<RefCell<Vec<Vec<u8>>>>,
+    subscription: subscription::Client,
 }
 
 async fn subscribe_raw(client: &Client, topic: &str, queue_size: u32, mode: Mode) -> Raw {
     let seen = Rc::new(RefCell::new(Vec::new()));
+    let tags = Rc::new(RefCell::new(Vec::new()));
     let recorder = Recorder {
         mode,
         seen: seen.clone(),
+        tags: tags.clone(),
     };
     let mut request = client.broker().subscribe_request();
     {
@@ -79,7 +88,8 @@ async fn subscribe_raw(client: &Client, topic: &str, queue_size: u32, mode: Mode
         queue_size: reply.get_queue_size(),
         max_unacked: reply.get_max_unacked(),
         seen,
-        _subscription: reply.get_subscription().expect("subscription"),
+        tags,
+        subscription: reply.get_subscription().expect("subscription"),
     }
 }
 
@@ -142,21 +152,26 @@ fn a_consumer_stuck_in_deliver_holds_no_more_than_its_queue_size() {
     let server = server(&[
         ("PINQ_DELIVERY_CONSUMER_QUEUE_SIZE", "64"),
         ("PINQ_DELIVERY_IN_FLIGHT_TIMEOUT", "1s"),
+        ("PINQ_SERVER_DELIVER_TIMEOUT", "1s"),
     ]);
     let addr = server.addr.to_string();
     let (stuck_seen, capped, healthy_got) = on_executor(move || async move {
+        // The stuck consumers on a connection of their own: it is reset once a deliver call
+        // has gone unanswered for server.deliverTimeout.
+        let stuck_client = Client::connect(addr.as_str()).await.expect("connect");
         let client = Client::connect(addr.as_str()).await.expect("connect");
-        let stuck = subscribe_raw(&client, "jobs", 4, Mode::Stuck).await;
+        let stuck = subscribe_raw(&stuck_client, "jobs", 4, Mode::Stuck).await;
         assert_eq!(
             stuck.queue_size, 4,
             "the answer names the queueSize in force"
         );
-        let greedy = subscribe_raw(&client, "other", 100_000, Mode::Stuck).await;
+        let greedy = subscribe_raw(&stuck_client, "other", 100_000, Mode::Stuck).await;
         let capped = greedy.queue_size;
         let healthy = client.subscribe("jobs", "g", 0).await.expect("subscribe");
         publish(&client, "jobs", 200).await;
         // Every message reaches the healthy member: the stuck one's share first (it is skipped
-        // once full), then its four copies once their leases ran out (1 s).
+        // once full), then its four copies once its connection was reset (their leases never
+        // started: the stuck consumer never confirmed it received them).
         let got = consume(&healthy, 200).await;
         sleep(1_500).await;
         let stuck_seen = stuck.seen.borrow().clone();
@@ -233,5 +248,88 @@ fn a_lease_that_ran_out_is_redelivered_to_another_member() {
         healthy_got.len(),
         40,
         "the healthy member got every message, the hoarder's after their leases"
+    );
+}
+
+/// Regression (issue 21): a copy's lease ran from the moment it was sent, so a copy still on
+/// its way (a cut network, a stalled socket) timed out, went to another member, was ACKed there
+/// (answered ok), and then reached its first consumer: a copy delivered again after a durable
+/// ACK. The lease now starts when the consumer answers the `deliver` call: a copy whose answer
+/// is late waits for it, and is never in two consumers' hands.
+#[test]
+fn a_copy_whose_deliver_call_is_answered_late_is_never_handed_to_another_member() {
+    let server = server(&[
+        ("PINQ_DELIVERY_IN_FLIGHT_TIMEOUT", "300ms"),
+        ("PINQ_SERVER_DELIVER_TIMEOUT", "30s"),
+    ]);
+    let addr = server.addr.to_string();
+    let (late_seen, late_acked, healthy_got) = on_executor(move || async move {
+        let client = Client::connect(addr.as_str()).await.expect("connect");
+        // Its calls are answered 1.5 s late: five leases, had they started at the send.
+        let late = subscribe_raw(&client, "jobs", 0, Mode::Late(1_500)).await;
+        let healthy = client.subscribe("jobs", "g", 0).await.expect("subscribe");
+        let published = Instant::now();
+        publish(&client, "jobs", 40).await;
+        // The healthy member takes (and ACKs) its share at once.
+        sleep(200).await;
+        let late_share = late.tags.borrow().len();
+        let got = consume(&healthy, 40 - late_share).await;
+        // The late member ACKs what it got once its calls were answered, within its lease.
+        let answered = published + Duration::from_millis(1_650);
+        sleep(
+            answered
+                .saturating_duration_since(Instant::now())
+                .as_millis() as u64,
+        )
+        .await;
+        let tags = late.tags.borrow().clone();
+        let mut request = late.subscription.ack_request();
+        {
+            let mut list = request.get().init_tags(tags.len() as u32);
+            for (i, tag) in tags.iter().enumerate() {
+                list.set(i as u32, tag);
+            }
+        }
+        let reply = request.send().promise.await.expect("ack");
+        let results = reply
+            .get()
+            .expect("ack reply")
+            .get_results()
+            .expect("results");
+        let acked = results
+            .iter()
+            .filter(|r| matches!(r, Ok(pinq::rpc::pinq_capnp::TagResult::Ok)))
+            .count();
+        // Nothing of the late member's comes to the healthy one after.
+        sleep(1_000).await;
+        let mut got_later = Vec::new();
+        while let Some(Some(d)) =
+            futures_lite::future::poll_once(async { healthy.recv().await.ok() }).await
+        {
+            got_later.push(String::from_utf8_lossy(&d.payload).into_owned());
+        }
+        assert!(
+            got_later.is_empty(),
+            "redelivered to the healthy member: {got_later:?}"
+        );
+        let late_seen = late.seen.borrow().clone();
+        (late_seen, acked, got)
+    });
+    assert!(!late_seen.is_empty(), "the late member got its share");
+    assert_eq!(
+        late_acked,
+        late_seen.len(),
+        "every copy the late member got was still its own to ACK: {late_seen:?}"
+    );
+    for (payload, _) in &late_seen {
+        assert!(
+            !healthy_got.contains_key(payload),
+            "{payload} went to both members"
+        );
+    }
+    assert_eq!(
+        healthy_got.len() + late_seen.len(),
+        40,
+        "each message went to exactly one member"
     );
 }

@@ -232,6 +232,9 @@ pub struct ClientLimits {
     /// `server.frameTimeout`: a request frame begun but not complete for this long closes its
     /// connection.
     pub frame_timeout_ms: u64,
+    /// `server.deliverTimeout`: a `deliver` call the client has not answered for this long
+    /// resets its connection (`crate::server::receipts`).
+    pub deliver_timeout_ms: u64,
     /// `server.maxCallsInFlight`: calls of one connection being served at once.
     pub calls_in_flight_max: usize,
     /// `server.maxSubscriptionsPerConnection`: subscriptions open on one connection.
@@ -244,6 +247,7 @@ impl Default for ClientLimits {
             connections_max: 4096,
             idle_timeout_ms: 300_000,
             frame_timeout_ms: 10_000,
+            deliver_timeout_ms: 15_000,
             calls_in_flight_max: 1024,
             subscriptions_max: 256,
         }

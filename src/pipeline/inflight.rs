@@ -34,6 +34,10 @@ pub enum CopyState {
     Delayed {
         until_ms: u64,
     },
+    /// Handed to `consumer`. Its lease ends at `deadline_ms`, or, while that is
+    /// [`RECEIPT_PENDING`], has not started: the consumer has not yet confirmed it received the
+    /// copy (its `deliver` call has not returned), so the copy may still be on its way and is
+    /// not handed to anyone else until the consumer confirms it or goes.
     Held {
         consumer: ConsumerId,
         deadline_ms: u64,
@@ -42,11 +46,17 @@ pub enum CopyState {
     Forgotten,
 }
 
+/// The `deadline_ms` of a copy held by a consumer that has not yet confirmed receiving it: its
+/// lease starts at the receipt ([`CopyState::Held`]).
+pub const RECEIPT_PENDING: u64 = u64::MAX;
+
 impl CopyState {
-    /// When a copy in this state times out: the end of its lease or of its NACK delay.
+    /// When a copy in this state times out: the end of its lease or of its NACK delay. A copy
+    /// whose receipt is pending has no timer.
     fn timer_at_ms(self) -> Option<u64> {
         match self {
             CopyState::Delayed { until_ms } => Some(until_ms),
+            CopyState::Held { deadline_ms, .. } if deadline_ms == RECEIPT_PENDING => None,
             CopyState::Held { deadline_ms, .. } => Some(deadline_ms),
             CopyState::Pending | CopyState::Acked | CopyState::Forgotten => None,
         }

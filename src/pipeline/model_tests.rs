@@ -110,7 +110,7 @@ struct Consumer {
     /// Its `queueSize` in force, and the deliveries drained but not yet returned (a client
     /// whose `deliver` call is still running).
     window: usize,
-    out: usize,
+    out: Vec<EventKey>,
 }
 
 /// The copy cannot change hands (or, with `holder: None`, cannot be handed out at all) until a
@@ -735,7 +735,7 @@ impl Model {
                 emptied_at_ms: now,
                 holding: Vec::new(),
                 window,
-                out: 0,
+                out: Vec::new(),
             },
         );
         assert!(fresh.is_none(), "consumer id reused: {id:?}");
@@ -872,7 +872,7 @@ impl Model {
         }
         // Most clients return at once; some keep their `deliver` calls running a while.
         let c = self.consumers.get_mut(&consumer).unwrap();
-        c.out += deliveries.len();
+        c.out.extend(deliveries.iter().map(|d| d.key));
         if self.rng.usize(0..3) > 0 {
             self.return_deliveries(consumer);
         }
@@ -886,10 +886,11 @@ impl Model {
     /// The consumer's running `deliver` calls return.
     fn return_deliveries(&mut self, consumer: ConsumerId) {
         let c = self.consumers.get_mut(&consumer).unwrap();
-        let n = std::mem::take(&mut c.out);
-        if n > 0 {
-            self.note(format!("return {consumer:?} {n}"));
-            self.sim.core.borrow_mut().returned(consumer, n);
+        let keys = std::mem::take(&mut c.out);
+        if !keys.is_empty() {
+            self.note(format!("return {consumer:?} {}", keys.len()));
+            let now = self.now();
+            self.sim.core.borrow_mut().returned(now, consumer, &keys);
         }
     }
 
@@ -1341,7 +1342,11 @@ impl Model {
                 self.cfg.unacked_per_consumer_max
             );
             let (window, out) = core.consumer_window(*id).unwrap();
-            assert_eq!((window, out), (c.window, c.out), "{id:?} window and out");
+            assert_eq!(
+                (window, out),
+                (c.window, c.out.len()),
+                "{id:?} window and out"
+            );
             assert!(
                 queue_len + out <= window,
                 "{id:?} queues {queue_len} and has {out} out, its queueSize is {window}"

@@ -150,7 +150,8 @@ impl Sim {
     pub fn recv(&mut self, consumer: ConsumerId) -> Vec<Delivery> {
         let mut core = self.core.borrow_mut();
         let deliveries = core.drain(self.now_ms, consumer, usize::MAX);
-        core.returned(consumer, deliveries.len());
+        let keys: Vec<EventKey> = deliveries.iter().map(|d| d.key).collect();
+        core.returned(self.now_ms, consumer, &keys);
         deliveries
     }
 
@@ -353,14 +354,15 @@ fn deliveries_not_returned_count_against_the_window_and_peers_take_the_rest() {
         sim.publish("jobs", &format!("a{i}"));
     }
     sim.settle();
-    let sent = recv_stuck(&mut sim, stuck);
+    let mut sent = recv_stuck(&mut sim, stuck);
     assert_eq!(sent.len(), 2, "round-robin share of three");
     for i in 0..40 {
         sim.publish("jobs", &format!("b{i}"));
     }
     sim.settle();
     // Two out on the wire, two more queued: its window of 4 is full, however long it waits.
-    assert_eq!(recv_stuck(&mut sim, stuck).len(), 2);
+    sent.extend(recv_stuck(&mut sim, stuck));
+    assert_eq!(sent.len(), 4);
     assert_eq!(sim.core.borrow().consumer_window(stuck), Some((4, 4)));
     sim.settle();
     assert!(recv_stuck(&mut sim, stuck).is_empty());
@@ -372,7 +374,8 @@ fn deliveries_not_returned_count_against_the_window_and_peers_take_the_rest() {
     let skipped = sim.core.borrow().stats().counters.consumer_queue_full_total;
     assert!(skipped > 0, "full consumer skipped and counted");
     // Its calls return: room again, the next copy may go to it.
-    sim.core.borrow_mut().returned(stuck, 4);
+    let keys: Vec<EventKey> = sent.iter().map(|d| d.key).collect();
+    sim.core.borrow_mut().returned(sim.now_ms, stuck, &keys);
     assert_eq!(sim.core.borrow().consumer_window(stuck), Some((4, 0)));
     sim.publish("jobs", "c0");
     sim.publish("jobs", "c1");
@@ -523,6 +526,31 @@ fn unregistering_the_last_consumer_stops_scanning_the_topic() {
         sim.store.read.borrow().is_empty(),
         "a topic without consumers is never scanned"
     );
+}
+
+/// A copy's lease starts when its consumer confirms the receipt (its `deliver` call returned):
+/// until then the copy may still be on its way, and goes to no one else however long it waits.
+#[test]
+fn a_lease_starts_at_the_receipt_and_an_unconfirmed_copy_never_changes_hands() {
+    let mut sim = Sim::new(config());
+    let a = sim.subscribe("t", "g");
+    let b = sim.subscribe("t", "g");
+    let tag = sim.publish("t", "m");
+    sim.settle();
+    let sent = recv_stuck(&mut sim, a);
+    assert_eq!(keys(&sent), vec![tag]);
+    sim.advance(60_000);
+    sim.settle();
+    assert!(sim.recv(b).is_empty(), "unconfirmed: no lease runs out");
+    sim.core.borrow().assert_consistent();
+    sim.core.borrow_mut().returned(sim.now_ms, a, &[tag]);
+    sim.advance(999);
+    sim.settle();
+    assert!(sim.recv(b).is_empty(), "the lease runs from the receipt");
+    sim.advance(1);
+    sim.settle();
+    assert_eq!(keys(&sim.recv(b)), vec![tag]);
+    sim.core.borrow().assert_consistent();
 }
 
 #[test]

@@ -41,6 +41,7 @@ use super::limits::{
     ReadProgress, SubscriptionSlot, Verdict, Watchdog,
 };
 use super::mesh::{LeaderHint, Refused, Request, SettleOp, SinkAddr};
+use super::receipts::{self, Awaiting, Receipts};
 use super::shard::{now_ms, Shard, Sink};
 use super::Topology;
 use crate::batch::{PublishError, ShardPart, ValidatedBatch};
@@ -69,6 +70,8 @@ pub async fn serve(
 ) {
     let _ = stream.set_nodelay(true);
     let peer = peer_of(&stream);
+    // The socket outlives every use of `fd` below: the stream owns it until `serve` returns.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
     let handshake_deadline = std::time::Duration::from_millis(edge.client.frame_timeout_ms);
     let stream =
         match stream::accept(topology.security.tls.as_ref(), stream, handshake_deadline).await {
@@ -91,15 +94,18 @@ pub async fn serve(
         edge.reader_options,
     );
     let conn = ConnectionUse::new(edge.client);
+    let receipts = Rc::new(Receipts::default());
     let broker: broker::Client = capnp_rpc::new_client(BrokerImpl {
         shard: shard.clone(),
         topology,
         own_port,
         conn: conn.clone(),
+        receipts: receipts.clone(),
         edge: edge.clone(),
         access: RefCell::new(None),
     });
     let rpc = RpcSystem::new(Box::new(network), Some(broker.client));
+    let disconnector = rpc.get_disconnector();
     let ended = futures_lite::future::or(
         async {
             match rpc.await {
@@ -107,9 +113,14 @@ pub async fn serve(
                 Err(e) => Some(format!("{e}")),
             }
         },
-        async { Some(watch(&progress, &conn).await) },
+        async { Some(watch(&progress, &conn, &receipts, fd).await) },
     )
     .await;
+    // Breaks every call still waiting on this connection and releases every capability it
+    // exported, at the first poll (the watchdog's verdict drops the RPC system unfinished: its
+    // `deliver` calls would otherwise wait forever, keeping their subscriptions, and the copies
+    // those hold, alive).
+    let _ = futures_lite::future::poll_once(disconnector).await;
     if let Some(why) = ended {
         tracing::debug!(shard = shard.id, peer, "connection closed: {why}");
     }
@@ -122,13 +133,29 @@ fn peer_of(stream: &TcpStream) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Observes the connection every tick until the watchdog says to close it; returns why.
-async fn watch(progress: &ReadProgress, conn: &ConnectionUse) -> String {
+/// Observes the connection every tick until the watchdog says to close it, or a `deliver` call
+/// went unanswered for `server.deliverTimeout` (then the socket `fd` is reset: see
+/// [`receipts`]); returns why.
+async fn watch(
+    progress: &ReadProgress,
+    conn: &ConnectionUse,
+    receipts: &Receipts,
+    fd: i32,
+) -> String {
     let limits = conn.limits();
     let tick = Watchdog::tick(limits);
     let mut dog = Watchdog::new(limits, now_ms());
     loop {
         glommio::timer::sleep(tick).await;
+        if receipts.overdue(now_ms(), limits.deliver_timeout_ms) {
+            if let Err(e) = receipts::reset(fd) {
+                tracing::warn!("a stuck connection could not be set to reset: {e}");
+            }
+            return format!(
+                "reset: a deliver call was not answered within server.deliverTimeout ({} ms)",
+                limits.deliver_timeout_ms
+            );
+        }
         let verdict = dog.observe(Observation {
             now_ms: now_ms(),
             bytes: progress.bytes.get(),
@@ -304,6 +331,8 @@ struct BrokerImpl {
     topology: Topology,
     own_port: bool,
     conn: Rc<ConnectionUse>,
+    /// The connection's unanswered `deliver` calls.
+    receipts: Rc<Receipts>,
     edge: Rc<EdgeLimits>,
     /// What the connection may do; `None` until a successful `hello`.
     access: RefCell<Option<Access>>,
@@ -810,6 +839,7 @@ impl broker::Server for BrokerImpl {
             owner,
             consumer,
             sink: sink.clone(),
+            receipts: self.receipts.clone(),
         };
         glommio::spawn_local(stream.forward(notify, consumer_cap)).detach();
         let handle = SubscriptionImpl {
@@ -954,6 +984,7 @@ struct DeliverStream {
     owner: usize,
     consumer: ConsumerId,
     sink: Rc<Sink>,
+    receipts: Rc<Receipts>,
 }
 
 impl DeliverStream {
@@ -986,9 +1017,11 @@ impl DeliverStream {
                 let list = request.get().init_deliveries(outgoing.len() as u32);
                 rpc::write_deliveries(list, &outgoing);
             }
-            let (n, call) = (batch.len(), request.send().promise);
+            let keys: Vec<EventKey> = batch.iter().map(|d| d.key).collect();
+            let call = request.send().promise;
+            let awaiting = self.receipts.sent(now_ms());
             drop(batch);
-            glommio::spawn_local(self.clone().returned(n, call)).detach();
+            glommio::spawn_local(self.clone().returned(keys, awaiting, call)).detach();
         }
     }
 
@@ -999,15 +1032,25 @@ impl DeliverStream {
         queue.drain(..n).collect()
     }
 
-    /// Waits for one `deliver` call to return, then gives its `n` deliveries' window back. A
-    /// call that fails ends the stream (a disconnect of this consumer).
-    async fn returned<T>(self, n: usize, call: impl Future<Output = Result<T, capnp::Error>>) {
-        if let Err(e) = call.await {
+    /// Waits for one `deliver` call to return, then gives its deliveries' window back and
+    /// starts their leases (the consumer confirmed it has them). A call that fails ends the
+    /// stream (a disconnect of this consumer).
+    async fn returned<T>(
+        self,
+        keys: Vec<EventKey>,
+        awaiting: Awaiting,
+        call: impl Future<Output = Result<T, capnp::Error>>,
+    ) {
+        let answer = call.await;
+        drop(awaiting);
+        if let Err(e) = answer {
             tracing::debug!("deliver failed, closing the subscription's stream: {e}");
             self.sink.close();
             return;
         }
-        self.shard.return_credit(self.owner, self.consumer, n).await;
+        self.shard
+            .return_credit(self.owner, self.consumer, keys)
+            .await;
     }
 }
 

@@ -124,11 +124,11 @@ pub enum ShardMsg {
         sink: u64,
         deliveries: Vec<Delivery>,
     },
-    /// The client returned `n` deliveries of this consumer (a `deliver` call returned): the
-    /// owner may send `n` more.
+    /// The client returned these deliveries of this consumer (a `deliver` call returned): the
+    /// owner may send as many more, and their leases start.
     Credit {
         consumer: ConsumerId,
-        n: usize,
+        keys: Vec<crate::key::EventKey>,
     },
     /// The owner stopped serving the consumer behind this sink (it lost leadership): end the
     /// subscription's stream so the client subscribes again, on the new leader.

@@ -16,6 +16,7 @@ pub mod exclusive;
 pub mod limits;
 pub mod mesh;
 pub mod policy_call;
+pub mod receipts;
 pub mod shard;
 pub mod shutdown;
 

@@ -378,47 +378,7 @@ impl Shard {
             None => return,
         };
         match request {
-            Request::Publish { batch, reply } => {
-                if self.draining.get() {
-                    let _ = reply.send(Err(Refused::Failed(format!(
-                        "shard {} is shutting down: nothing was stored, publish again once the broker is back",
-                        self.id
-                    ))));
-                    return;
-                }
-                let in_progress = InProgress::enter(&self.publishing);
-                let started = Instant::now();
-                // `leader` in a cluster is answered once the leader appended the batch, before
-                // its commit; everything else once the store resolved.
-                let reply = RefCell::new(Some(reply));
-                let epoch = self.core_epoch.get();
-                let result = drive::publish_accepting(
-                    &self.core,
-                    &self.store,
-                    now_ms(),
-                    batch,
-                    |tags| {
-                        if let Some(reply) = reply.borrow_mut().take() {
-                            let _ = reply.send(Ok(tags));
-                        }
-                    },
-                    || self.core_epoch.get() == epoch,
-                )
-                .await;
-                let reply = reply.into_inner();
-                drop(in_progress);
-                if let Err(drive::PublishFailure::Store(e)) = &result {
-                    self.on_store_error("a publish", e);
-                }
-                if result.is_ok() {
-                    let us = started.elapsed().as_micros() as u64;
-                    self.recorder.borrow_mut().publish_latency.record(us);
-                }
-                self.dispatcher.kick();
-                if let Some(reply) = reply {
-                    let _ = reply.send(result.map_err(|e| self.publish_refusal(e)));
-                }
-            }
+            Request::Publish { batch, reply } => self.publish(batch, reply).await,
             Request::Subscribe {
                 topic,
                 group,
@@ -438,15 +398,7 @@ impl Shard {
                 self.dispatcher.kick();
                 let _ = reply.send(result.map_err(|e| self.consumer_refusal(e)));
             }
-            Request::Unsubscribe { consumer } => {
-                self.routes.borrow_mut().remove(&consumer);
-                if let Err(e) = self.core.borrow_mut().unsubscribe(now_ms(), consumer) {
-                    tracing::debug!(shard = self.id, "unsubscribe: {e}");
-                }
-                self.send_dead_letters();
-                self.dispatcher.kick();
-                self.deleter.kick();
-            }
+            Request::Unsubscribe { consumer } => self.unsubscribe(consumer),
             Request::Settle {
                 consumer,
                 op,
@@ -476,22 +428,88 @@ impl Shard {
                 group,
                 policy,
                 reply,
-            } => {
-                let result =
-                    drive::set_group_policy(&self.core, &self.store, &topic, &group, policy).await;
-                self.dispatcher.kick();
-                let _ = reply.send(result.map_err(|e| match e {
-                    drive::PolicyFailure::Limit(limit) => {
-                        self.refused(Code::TooManyGroups);
-                        Refused::Failed(Code::TooManyGroups.error(limit).extra)
-                    }
-                    drive::PolicyFailure::Store(e) => {
-                        self.on_store_error("a group policy write", &e);
-                        Refused::Failed(format!("storage failed: {e}"))
-                    }
-                }));
-            }
+            } => self.set_group_policy(&topic, &group, policy, reply).await,
         }
+    }
+
+    /// Stores a publish batch and answers it: at `leader` in a cluster once the leader appended
+    /// it, before its commit; otherwise once the store resolved.
+    async fn publish(
+        self: &Rc<Self>,
+        batch: crate::pipeline::ValidatedBatch,
+        reply: Reply<Vec<EventKey>>,
+    ) {
+        if self.draining.get() {
+            let _ = reply.send(Err(Refused::Failed(format!(
+                "shard {} is shutting down: nothing was stored, publish again once the broker is back",
+                self.id
+            ))));
+            return;
+        }
+        let in_progress = InProgress::enter(&self.publishing);
+        let started = Instant::now();
+        let reply = RefCell::new(Some(reply));
+        let epoch = self.core_epoch.get();
+        let result = drive::publish_accepting(
+            &self.core,
+            &self.store,
+            now_ms(),
+            batch,
+            |tags| {
+                if let Some(reply) = reply.borrow_mut().take() {
+                    let _ = reply.send(Ok(tags));
+                }
+            },
+            || self.core_epoch.get() == epoch,
+        )
+        .await;
+        let reply = reply.into_inner();
+        drop(in_progress);
+        if let Err(drive::PublishFailure::Store(e)) = &result {
+            self.on_store_error("a publish", e);
+        }
+        if result.is_ok() {
+            let us = started.elapsed().as_micros() as u64;
+            self.recorder.borrow_mut().publish_latency.record(us);
+        }
+        self.dispatcher.kick();
+        if let Some(reply) = reply {
+            let _ = reply.send(result.map_err(|e| self.publish_refusal(e)));
+        }
+    }
+
+    /// A consumer left: its copies are released, and dead letters its leaving caused go out.
+    fn unsubscribe(self: &Rc<Self>, consumer: ConsumerId) {
+        self.routes.borrow_mut().remove(&consumer);
+        if let Err(e) = self.core.borrow_mut().unsubscribe(now_ms(), consumer) {
+            tracing::debug!(shard = self.id, "unsubscribe: {e}");
+        }
+        self.send_dead_letters();
+        self.dispatcher.kick();
+        self.deleter.kick();
+    }
+
+    /// Sets (or reads) a group's policy and answers with it; a limit or a store failure is
+    /// refused (counted, logged).
+    async fn set_group_policy(
+        self: &Rc<Self>,
+        topic: &str,
+        group: &str,
+        policy: crate::pipeline::policy::PolicyOverride,
+        reply: Reply<crate::pipeline::policy::Policy>,
+    ) {
+        let result = drive::set_group_policy(&self.core, &self.store, topic, group, policy).await;
+        self.dispatcher.kick();
+        let _ = reply.send(result.map_err(|e| match e {
+            drive::PolicyFailure::Limit(limit) => {
+                self.refused(Code::TooManyGroups);
+                Refused::Failed(Code::TooManyGroups.error(limit).extra)
+            }
+            drive::PolicyFailure::Store(e) => {
+                self.on_store_error("a group policy write", &e);
+                Refused::Failed(format!("storage failed: {e}"))
+            }
+        }));
     }
 
     /// ACKs, NACKs or touches `tags` of `consumer`; at `durable` answers once what the call
@@ -637,7 +655,7 @@ impl Shard {
                 glommio::spawn_local(async move { shard.handle(request).await }).detach();
             }
             ShardMsg::Deliver { sink, deliveries } => self.deliver_local(sink, deliveries),
-            ShardMsg::Credit { consumer, n } => self.add_credit(consumer, n),
+            ShardMsg::Credit { consumer, keys } => self.add_credit(consumer, &keys),
             ShardMsg::CloseSink { sink } => self.close_sink(sink),
             ShardMsg::RaftIn(messages) => {
                 if let Some(store) = self.replicated() {
@@ -922,11 +940,20 @@ impl Shard {
         }
     }
 
-    /// The client returned `n` deliveries of `consumer`: give its window back on the owner.
-    pub async fn return_credit(self: &Rc<Self>, owner: usize, consumer: ConsumerId, n: usize) {
+    /// The client returned the deliveries `keys` of `consumer`: give its window back on the
+    /// owner, where their leases start.
+    pub async fn return_credit(
+        self: &Rc<Self>,
+        owner: usize,
+        consumer: ConsumerId,
+        keys: Vec<EventKey>,
+    ) {
         if owner == self.id {
-            self.add_credit(consumer, n);
-        } else if let Err(e) = self.send_to(owner, ShardMsg::Credit { consumer, n }).await {
+            self.add_credit(consumer, &keys);
+        } else if let Err(e) = self
+            .send_to(owner, ShardMsg::Credit { consumer, keys })
+            .await
+        {
             tracing::warn!(shard = self.id, "{e}");
         }
     }
@@ -954,8 +981,8 @@ impl Shard {
     /// Gives a consumer's window back and moves what it now allows in a task of its own, never
     /// in the caller: a mesh receive loop that awaited a send to a full channel could deadlock
     /// with the shard on the other end doing the same. At most one such task runs per consumer.
-    fn add_credit(self: &Rc<Self>, consumer: ConsumerId, n: usize) {
-        if self.core.borrow_mut().returned(consumer, n) {
+    fn add_credit(self: &Rc<Self>, consumer: ConsumerId, keys: &[EventKey]) {
+        if self.core.borrow_mut().returned(now_ms(), consumer, keys) {
             // It was full: the dispatcher may have copies waiting for room.
             self.dispatcher.kick();
         }

@@ -729,6 +729,7 @@ impl ConfigLoader {
             max_connections: raw.max_connections,
             idle_timeout: raw.idle_timeout,
             frame_timeout: raw.frame_timeout,
+            deliver_timeout: raw.deliver_timeout,
             max_calls_in_flight: raw.max_calls_in_flight,
             max_subscriptions_per_connection: raw.max_subscriptions_per_connection,
         };
@@ -881,6 +882,12 @@ impl ConfigLoader {
                 "server.frameTimeout",
                 raw.frame_timeout,
                 d.frame_timeout_ms,
+                FRAME_TIMEOUT_MAX,
+            )?,
+            deliver_timeout_ms: self.millis(
+                "server.deliverTimeout",
+                raw.deliver_timeout,
+                d.deliver_timeout_ms,
                 FRAME_TIMEOUT_MAX,
             )?,
             calls_in_flight_max: self.count(

@@ -68,6 +68,7 @@ pub(super) struct RawServer {
     pub(super) max_connections: Option<u64>,
     pub(super) idle_timeout: Option<DurationValue>,
     pub(super) frame_timeout: Option<DurationValue>,
+    pub(super) deliver_timeout: Option<DurationValue>,
     pub(super) max_calls_in_flight: Option<u64>,
     pub(super) max_subscriptions_per_connection: Option<u64>,
     // `[server.tls]` keys: the loader flattens `server.tls.certFile` into `server.tlsCertFile`
@@ -99,6 +100,7 @@ pub(super) struct RawClientLimits {
     pub(super) max_connections: Option<u64>,
     pub(super) idle_timeout: Option<DurationValue>,
     pub(super) frame_timeout: Option<DurationValue>,
+    pub(super) deliver_timeout: Option<DurationValue>,
     pub(super) max_calls_in_flight: Option<u64>,
     pub(super) max_subscriptions_per_connection: Option<u64>,
 }

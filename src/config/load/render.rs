@@ -94,6 +94,7 @@ impl Config {
              maxConnections = {}\n\
              idleTimeout = {}\n\
              frameTimeout = {}\n\
+             deliverTimeout = {}\n\
              maxCallsInFlight = {}\n\
              maxSubscriptionsPerConnection = {}\n\
              \n[storage]\n\
@@ -141,6 +142,7 @@ impl Config {
             s.client.connections_max,
             duration(s.client.idle_timeout_ms),
             duration(s.client.frame_timeout_ms),
+            duration(s.client.deliver_timeout_ms),
             s.client.calls_in_flight_max,
             s.client.subscriptions_max,
             text(st.engine.as_str()),

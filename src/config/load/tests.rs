@@ -109,6 +109,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "maxConnections",
             "idleTimeout",
             "frameTimeout",
+            "deliverTimeout",
             "maxCallsInFlight",
             "maxSubscriptionsPerConnection",
             "tlsCertFile",
@@ -116,7 +117,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "tlsClientCaFile"
         ]
     );
-    assert_eq!(all_keys().len(), 21 + 7 + 14 + 4 + 10 + 1);
+    assert_eq!(all_keys().len(), 21 + 7 + 15 + 4 + 10 + 1);
 }
 
 #[test]
@@ -163,6 +164,7 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
         ("server", "maxConnections", "0"),
         ("server", "idleTimeout", "\"0s\""),
         ("server", "frameTimeout", "\"0ms\""),
+        ("server", "deliverTimeout", "\"0ms\""),
         ("server", "maxCallsInFlight", "0"),
         ("server", "maxSubscriptionsPerConnection", "0"),
         ("storage", "memtableBytes", "\"0MiB\""),
@@ -516,6 +518,7 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_SERVER_MAX_CONNECTIONS", "100"),
         ("PINQ_SERVER_IDLE_TIMEOUT", "30s"),
         ("PINQ_SERVER_FRAME_TIMEOUT", "2s"),
+        ("PINQ_SERVER_DELIVER_TIMEOUT", "7s"),
         ("PINQ_SERVER_MAX_CALLS_IN_FLIGHT", "64"),
         ("PINQ_SERVER_MAX_SUBSCRIPTIONS_PER_CONNECTION", "8"),
         ("PINQ_STORAGE_ENGINE", "memory"),
@@ -596,6 +599,7 @@ fn every_key_can_be_set_from_its_environment_variable() {
                 connections_max: 100,
                 idle_timeout_ms: 30_000,
                 frame_timeout_ms: 2_000,
+                deliver_timeout_ms: 7_000,
                 calls_in_flight_max: 64,
                 subscriptions_max: 8,
             },

@@ -14,7 +14,7 @@ use crate::message::CheckedValue;
 use crate::pipeline::copies::Commit;
 use crate::pipeline::dispatcher::TopicDispatch;
 use crate::pipeline::hub::{ConsumerId, Limit, Queued, RecipientId};
-use crate::pipeline::inflight::CopyState;
+use crate::pipeline::inflight::{CopyState, RECEIPT_PENDING};
 
 /// The answer for one tag of an ACK, NACK or touch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,12 +178,32 @@ impl ShardCore {
         (self.hub.window_for(requested), self.hub.unacked_max())
     }
 
-    /// The client returned `n` deliveries of `consumer` (its `deliver` call returned). Returns
-    /// whether a dispatch pass should run: the consumer was full, so copies may wait for it.
-    pub fn returned(&mut self, consumer: ConsumerId, n: usize) -> bool {
-        let was_full = self.hub.note_returned(consumer, n);
+    /// The client returned the deliveries `keys` of `consumer` (its `deliver` call returned):
+    /// their window goes back, and the lease of each copy it still holds starts now (a copy
+    /// whose receipt is pending is never handed to anyone else: see [`CopyState::Held`]).
+    /// Returns whether a dispatch pass should run: the consumer was full, so copies may wait
+    /// for it.
+    pub fn returned(&mut self, now_ms: u64, consumer: ConsumerId, keys: &[EventKey]) -> bool {
+        let now_ms = self.tick(now_ms);
+        let was_full = self.hub.note_returned(consumer, keys.len());
         if was_full {
             self.wake = true;
+        }
+        let Some(recipient) = self.hub.consumers.get(&consumer).map(|c| c.recipient) else {
+            return was_full;
+        };
+        let leased = CopyState::Held {
+            consumer,
+            deadline_ms: now_ms.saturating_add(self.delivery.in_flight_timeout_ms),
+        };
+        for key in keys {
+            let pending = CopyState::Held {
+                consumer,
+                deadline_ms: RECEIPT_PENDING,
+            };
+            if self.inflight.state(key, recipient) == Some(pending) {
+                self.inflight.set_state(*key, recipient, leased, false);
+            }
         }
         was_full
     }

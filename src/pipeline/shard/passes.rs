@@ -156,7 +156,7 @@ impl ShardCore {
                 PendingStatus::Stale => {}
                 PendingStatus::Expired => self.expire(key, ExpiredBy::Dispatcher),
                 PendingStatus::Ready => {
-                    if !self.offer(key, recipient, now_ms) {
+                    if !self.offer(key, recipient) {
                         return;
                     }
                 }
@@ -224,7 +224,7 @@ impl ShardCore {
                 if self.inflight.state(&key, *recipient) != Some(CopyState::Pending) {
                     continue; // ACKed before a restart (its group's record says so)
                 }
-                if !self.offer(key, *recipient, now_ms) {
+                if !self.offer(key, *recipient) {
                     if let Some(r) = self.hub.recipients.get_mut(recipient) {
                         r.pending.push_back(key);
                         self.hub.note_pending(*recipient);

@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 use super::ShardCore;
 use crate::key::EventKey;
 use crate::pipeline::hub::{Queued, RecipientId};
-use crate::pipeline::inflight::{CopyState, Entry};
+use crate::pipeline::inflight::{CopyState, Entry, RECEIPT_PENDING};
 
 /// Who found an expired message (`pinq_messages_expired_total{by}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,7 +105,7 @@ impl ShardCore {
     }
 
     /// Hands a copy to a consumer of its recipient, if one has room.
-    pub(super) fn offer(&mut self, key: EventKey, recipient: RecipientId, now_ms: u64) -> bool {
+    pub(super) fn offer(&mut self, key: EventKey, recipient: RecipientId) -> bool {
         if !self.attempts_saved(key, recipient) {
             // Its record is queued; applying it wakes the next pass (`records` module docs).
             return false;
@@ -122,10 +122,10 @@ impl ShardCore {
         if avoid.is_some() {
             self.inflight.set_avoid(key, recipient, None);
         }
-        let deadline_ms = now_ms.saturating_add(self.delivery.in_flight_timeout_ms);
+        // Its lease starts when the consumer confirms the receipt (`ShardCore::returned`).
         let held = CopyState::Held {
             consumer,
-            deadline_ms,
+            deadline_ms: RECEIPT_PENDING,
         };
         let Some(attempt) = self.inflight.set_state(key, recipient, held, true) else {
             return false;
