@@ -81,26 +81,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let cpus: Vec<usize> = config.server.cpus.cpus().to_vec();
     let count = cpus.len();
     anyhow::ensure!(count > 0, "server.cpus selects no CPU");
-    if config.storage.engine == StorageEngine::Memory {
-        anyhow::ensure!(
-            config.cluster.is_none(),
-            "a cluster node keeps its Raft log on disk: set storage.engine = \"lsm\" (or leave [cluster] out for a standalone broker)"
-        );
-        tracing::warn!("storage.engine = \"memory\": nothing survives a restart");
-    }
-    let cluster_view = config.cluster.as_ref().map(|c| {
-        let nodes = c
-            .peers
-            .iter()
-            .map(|(&id, raft)| NodeView {
-                id,
-                raft: raft.to_string(),
-                client: (id == c.node_id).then(|| c.advertise.to_string()),
-                reachable: id == c.node_id,
-            })
-            .collect();
-        ClusterView::new(c.node_id, nodes, count)
-    });
+    check_engine(&config)?;
     let _data_dir_lock = match config.storage.engine {
         StorageEngine::Memory => None,
         _ => Some(exclusive::lock_data_dir(&config.server.data_dir)?),
@@ -127,8 +108,64 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         serving.clone(),
         ops.shutdown.shared(),
     )?;
+    let topology = Topology {
+        publish: config.publish.clone(),
+        security,
+        shards: Arc::new(Mutex::new(Vec::new())),
+    };
+    let (started_tx, started_rx) = mpsc::channel::<Result<Started, String>>();
+    let handles = spawn_shards(&config, &cpus, &topology, listen, &ops, started_tx)?;
+    let shards = await_started(&started_rx, &topology, &cpus)?;
+    let ports: Vec<String> = shards.iter().map(|s| s.own.port().to_string()).collect();
+    println!(
+        "pinq listening on {} with {count} shard(s) on CPUs {:?}; shard ports {}",
+        shards[0].shared,
+        cpus,
+        ports.join(",")
+    );
+    serving.store(true, std::sync::atomic::Ordering::Relaxed);
+    println!("pinq metrics on {}", metrics.addr);
+    tracing::info!(listen = %shards[0].shared, metrics = %metrics.addr, shards = count, "pinq is serving");
+    join_shards(handles, &ops, metrics)
+}
 
-    // One bounded channel per ordered pair of shards.
+/// Refuses configurations the engine cannot serve; warns about a store that keeps nothing.
+fn check_engine(config: &Config) -> anyhow::Result<()> {
+    if config.storage.engine == StorageEngine::Memory {
+        anyhow::ensure!(
+            config.cluster.is_none(),
+            "a cluster node keeps its Raft log on disk: set storage.engine = \"lsm\" (or leave [cluster] out for a standalone broker)"
+        );
+        tracing::warn!("storage.engine = \"memory\": nothing survives a restart");
+    }
+    Ok(())
+}
+
+/// The members as this node first sees them (itself reachable, the others not yet).
+fn cluster_view_of(config: &Config, count: usize) -> Option<ClusterView> {
+    config.cluster.as_ref().map(|c| {
+        let nodes = c
+            .peers
+            .iter()
+            .map(|(&id, raft)| NodeView {
+                id,
+                raft: raft.to_string(),
+                client: (id == c.node_id).then(|| c.advertise.to_string()),
+                reachable: id == c.node_id,
+            })
+            .collect();
+        ClusterView::new(c.node_id, nodes, count)
+    })
+}
+
+/// The sending ends of the mesh by shard and peer, and the receiving ends by shard.
+type Mesh = (
+    Vec<Vec<Option<SharedSender<ShardMsg>>>>,
+    Vec<Vec<SharedReceiver<ShardMsg>>>,
+);
+
+/// One bounded channel per ordered pair of shards.
+fn mesh_channels(count: usize) -> Mesh {
     let mut senders: Vec<Vec<Option<SharedSender<ShardMsg>>>> = (0..count)
         .map(|_| (0..count).map(|_| None).collect())
         .collect();
@@ -143,54 +180,58 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             }
         }
     }
+    (senders, receivers)
+}
 
-    let topology = Topology {
-        publish: config.publish.clone(),
-        security,
-        shards: Arc::new(Mutex::new(Vec::new())),
-    };
+/// Starts one pinned executor per CPU, each running [`shard_main`].
+fn spawn_shards(
+    config: &Config,
+    cpus: &[usize],
+    topology: &Topology,
+    listen: SocketAddr,
+    ops: &Ops,
+    started: mpsc::Sender<Result<Started, String>>,
+) -> anyhow::Result<Vec<glommio::ExecutorJoinHandle<()>>> {
+    let count = cpus.len();
+    let cluster_view = cluster_view_of(config, count);
     let connections = ConnectionCount::new(config.server.client.connections_max);
-    let (started_tx, started_rx) = mpsc::channel::<Result<Started, String>>();
+    let (senders, receivers) = mesh_channels(count);
     let mut handles = Vec::with_capacity(count);
     for (shard_id, (peer_senders, peer_receivers)) in senders.into_iter().zip(receivers).enumerate()
     {
         let cpu = cpus[shard_id];
-        let config = config.clone();
-        let topology = topology.clone();
-        let started = started_tx.clone();
-        let ops = ops.clone();
-        let cluster_view = cluster_view.clone();
-        let connections = connections.clone();
-        let own_addr = config.server.shard_listen(shard_id);
+        let start = ShardStart {
+            shard_id,
+            count,
+            config: config.clone(),
+            topology: topology.clone(),
+            listen,
+            own_addr: config.server.shard_listen(shard_id),
+            started: started.clone(),
+            ops: ops.clone(),
+            cluster_view: cluster_view.clone(),
+            connections: connections.clone(),
+        };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("pinq-shard-{shard_id}"))
-            .spawn(move || async move {
-                shard_main(
-                    shard_id,
-                    count,
-                    config,
-                    topology,
-                    listen,
-                    own_addr,
-                    peer_senders,
-                    peer_receivers,
-                    started,
-                    ops,
-                    cluster_view,
-                    connections,
-                )
-                .await
-            })
+            .spawn(move || async move { shard_main(start, peer_senders, peer_receivers).await })
             .map_err(|e| {
                 anyhow::anyhow!("starting the executor of shard {shard_id} on CPU {cpu}: {e}")
             })?;
         handles.push(handle);
     }
-    drop(started_tx);
+    Ok(handles)
+}
 
-    let mut shards = Vec::with_capacity(count);
-    for _ in 0..count {
-        match started_rx.recv() {
+/// Waits until every shard listens (or one fails to start), and publishes their ports.
+fn await_started(
+    started: &mpsc::Receiver<Result<Started, String>>,
+    topology: &Topology,
+    cpus: &[usize],
+) -> anyhow::Result<Vec<Started>> {
+    let mut shards = Vec::with_capacity(cpus.len());
+    for _ in 0..cpus.len() {
+        match started.recv() {
             Ok(Ok(started)) => shards.push(started),
             Ok(Err(e)) => anyhow::bail!(e),
             Err(_) => anyhow::bail!("a shard stopped during start-up"),
@@ -209,18 +250,16 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             })
             .collect();
     }
-    let ports: Vec<String> = shards.iter().map(|s| s.own.port().to_string()).collect();
-    println!(
-        "pinq listening on {} with {count} shard(s) on CPUs {:?}; shard ports {}",
-        shards[0].shared,
-        cpus,
-        ports.join(",")
-    );
-    serving.store(true, std::sync::atomic::Ordering::Relaxed);
-    println!("pinq metrics on {}", metrics.addr);
-    tracing::info!(listen = %shards[0].shared, metrics = %metrics.addr, shards = count, "pinq is serving");
+    Ok(shards)
+}
 
-    // Join every shard, even after one failed: the others drain and close their stores first.
+/// Joins every shard, even after one failed (the others drain and close their stores first),
+/// and says how the broker stopped.
+fn join_shards(
+    handles: Vec<glommio::ExecutorJoinHandle<()>>,
+    ops: &Ops,
+    metrics: MetricsEndpoint,
+) -> anyhow::Result<()> {
     let mut lost = None;
     for (shard, handle) in handles.into_iter().enumerate() {
         if let Err(e) = handle.join() {
@@ -265,33 +304,76 @@ fn resolve_port(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
     Ok(probe.local_addr()?)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn shard_main(
+/// What one shard's executor starts from.
+struct ShardStart {
     shard_id: usize,
     count: usize,
     config: Config,
     topology: Topology,
     listen: SocketAddr,
     own_addr: SocketAddr,
-    peer_senders: Vec<Option<SharedSender<ShardMsg>>>,
-    peer_receivers: Vec<SharedReceiver<ShardMsg>>,
     started: mpsc::Sender<Result<Started, String>>,
     ops: Ops,
     cluster_view: Option<ClusterView>,
     connections: ConnectionCount,
-) {
-    let fail = |e: String| {
-        let _ = started.send(Err(format!("shard {shard_id}: {e}")));
-    };
-    let shared = match glommio::net::TcpListener::bind(listen) {
-        Ok(l) => l,
-        Err(e) => return fail(format!("cannot listen on {listen}: {e}")),
-    };
-    let own = match glommio::net::TcpListener::bind(own_addr) {
-        Ok(l) => l,
-        Err(e) => return fail(format!("cannot listen on {own_addr}: {e}")),
-    };
+}
 
+/// One shard, on its own executor: listens, connects the mesh, opens and recovers its store,
+/// starts its loops, reports itself started, serves clients until shutdown, then drains.
+async fn shard_main(
+    start: ShardStart,
+    peer_senders: Vec<Option<SharedSender<ShardMsg>>>,
+    peer_receivers: Vec<SharedReceiver<ShardMsg>>,
+) {
+    let shard_id = start.shard_id;
+    let fail = |e: String| {
+        let _ = start.started.send(Err(format!("shard {shard_id}: {e}")));
+    };
+    let shared = match glommio::net::TcpListener::bind(start.listen) {
+        Ok(l) => l,
+        Err(e) => return fail(format!("cannot listen on {}: {e}", start.listen)),
+    };
+    let own = match glommio::net::TcpListener::bind(start.own_addr) {
+        Ok(l) => l,
+        Err(e) => return fail(format!("cannot listen on {}: {e}", start.own_addr)),
+    };
+    let (peers, inbound) = connect_mesh(peer_senders, peer_receivers, start.count).await;
+    let (shard, kicks) = match open_shard(&start, peers).await {
+        Ok(opened) => opened,
+        Err(e) => return fail(e),
+    };
+    spawn_loops(&shard, kicks, inbound, &start.ops);
+
+    // The first snapshot before the shard reports itself started: `/healthz` turns 200 as soon
+    // as every shard listens, not a metrics interval later.
+    shard.publish_snapshot(&start.ops.slots);
+    let shared_addr = shared.local_addr().unwrap_or(start.listen);
+    let own_bound = own.local_addr().unwrap_or(start.own_addr);
+    let _ = start.started.send(Ok(Started {
+        shard: shard_id,
+        shared: shared_addr,
+        own: own_bound,
+    }));
+    tracing::debug!(shard = shard_id, %shared_addr, %own_bound, "shard listening");
+    inject_panic_if_asked(shard_id);
+    end_a_task_if_asked(&shard);
+    serve_clients(&shard, &start, shared, own).await;
+    shard
+        .shut_down(std::time::Instant::now() + shutdown::DRAIN_MAX)
+        .await;
+    shard.publish_snapshot(&start.ops.slots);
+}
+
+/// This shard's ends of the mesh: a sender per peer shard (`None` for itself) and a receiver
+/// from each.
+async fn connect_mesh(
+    peer_senders: Vec<Option<SharedSender<ShardMsg>>>,
+    peer_receivers: Vec<SharedReceiver<ShardMsg>>,
+    count: usize,
+) -> (
+    Vec<Option<glommio::channels::shared_channel::ConnectedSender<ShardMsg>>>,
+    Vec<ConnectedReceiver<ShardMsg>>,
+) {
     // Both ends of a channel wait for each other to connect: connect the receiving ends in
     // their own tasks first, or two shards would wait on each other forever.
     let receiving: Vec<_> = peer_receivers
@@ -309,49 +391,67 @@ async fn shard_main(
     for task in receiving {
         inbound.push(task.await);
     }
+    (peers, inbound)
+}
 
-    let (store, outbox) = match open_store(&config, shard_id).await {
-        Ok(opened) => opened,
-        Err(e) => return fail(format!("cannot open storage: {e}")),
-    };
+/// The kicks of a shard's dispatcher and deleter loops.
+type Kicks = (LocalReceiver<()>, LocalReceiver<()>);
+
+/// Opens the shard's store and builds the shard over it: recovered state, sequences, copy
+/// records and group policies loaded, its Raft replica started in a cluster.
+async fn open_shard(
+    start: &ShardStart,
+    peers: Vec<Option<glommio::channels::shared_channel::ConnectedSender<ShardMsg>>>,
+) -> Result<(Rc<Shard>, Kicks), String> {
+    let config = &start.config;
+    let (store, outbox) = open_store(config, start.shard_id)
+        .await
+        .map_err(|e| format!("cannot open storage: {e}"))?;
     let core = ShardCore::new(config.delivery.clone(), now_ms())
         .with_dedup_limits(crate::pipeline::dedup::DedupLimits::from(&config.publish));
     let (dispatcher, dispatcher_kicks) = Kick::new();
     let (deleter, deleter_kicks) = Kick::new();
     let mut shard = Shard::new(
-        shard_id,
-        count,
+        start.shard_id,
+        start.count,
         core,
         store,
         config.delivery.clone(),
         peers,
         dispatcher,
         deleter,
-        ops.shutdown.clone(),
+        start.ops.shutdown.clone(),
     );
     shard = shard.with_publish(config.publish.clone());
-    if let Some(view) = cluster_view {
+    if let Some(view) = start.cluster_view.clone() {
         shard = shard.with_cluster(view);
     }
     let shard = Rc::new(shard);
     drive::recover(&shard.core, &shard.store);
     shard.load_sequences().await;
     shard.load_copies().await;
-    if let Err(e) = drive::recover_policies(&shard.core, &shard.store).await {
-        return fail(format!("cannot read group policies: {e}"));
-    }
+    drive::recover_policies(&shard.core, &shard.store)
+        .await
+        .map_err(|e| format!("cannot read group policies: {e}"))?;
     if let Some(outbox) = outbox {
-        if let Err(e) = start_cluster(&shard, &config, outbox) {
-            return fail(e);
-        }
+        start_cluster(&shard, config, outbox)?;
     }
+    Ok((shard, (dispatcher_kicks, deleter_kicks)))
+}
 
+/// Starts the shard's long-lived loops. Every one is supervised: one that returns outside a
+/// shutdown stops the node.
+fn spawn_loops(
+    shard: &Rc<Shard>,
+    (dispatcher_kicks, deleter_kicks): Kicks,
+    inbound: Vec<ConnectedReceiver<ShardMsg>>,
+    ops: &Ops,
+) {
     let background = glommio::executor().create_task_queue(
         glommio::Shares::Static(100),
         glommio::Latency::NotImportant,
         "pinq-background",
     );
-    // Every long-lived task is supervised: one that returns outside a shutdown stops the node.
     type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
     let supervised = |what: &'static str, task: Task| shard.clone().supervised(what, task);
     glommio::spawn_local(supervised(
@@ -384,45 +484,40 @@ async fn shard_main(
         };
         glommio::spawn_local(supervised("a mesh receive loop", Box::pin(receiving))).detach();
     }
+}
 
-    // The first snapshot before the shard reports itself started: `/healthz` turns 200 as soon
-    // as every shard listens, not a metrics interval later.
-    shard.publish_snapshot(&ops.slots);
-    let shared_addr = shared.local_addr().unwrap_or(listen);
-    let own_bound = own.local_addr().unwrap_or(own_addr);
-    let _ = started.send(Ok(Started {
-        shard: shard_id,
-        shared: shared_addr,
-        own: own_bound,
-    }));
-    tracing::debug!(shard = shard_id, %shared_addr, %own_bound, "shard listening");
-    inject_panic_if_asked(shard_id);
-    end_a_task_if_asked(&shard);
-
-    let edge = EdgeLimits::new(config.server.client, &config.publish, connections);
-    let accept_own = {
-        let shard = shard.clone();
-        let topology = topology.clone();
-        let edge = edge.clone();
-        async move { accept_loop(shard, topology, edge, own, true).await }
-    };
-    // The accept loops never end on their own: the shutdown flag ends them, and dropping them
-    // closes both listeners before the shard drains.
+/// Accepts clients on the shared and the shard's own port until shutdown is requested. The
+/// accept loops never end on their own: the shutdown flag ends them, and dropping them closes
+/// both listeners before the shard drains.
+async fn serve_clients(
+    shard: &Rc<Shard>,
+    start: &ShardStart,
+    shared: glommio::net::TcpListener,
+    own: glommio::net::TcpListener,
+) {
+    let config = &start.config;
+    let edge = EdgeLimits::new(
+        config.server.client,
+        &config.publish,
+        start.connections.clone(),
+    );
     let accepting = futures_lite::future::zip(
-        accept_loop(shard.clone(), topology, edge, shared, false),
-        accept_own,
+        accept_loop(
+            shard.clone(),
+            start.topology.clone(),
+            edge.clone(),
+            shared,
+            false,
+        ),
+        accept_loop(shard.clone(), start.topology.clone(), edge, own, true),
     );
     futures_lite::future::or(
         async {
             accepting.await;
         },
-        ops.shutdown.requested(),
+        start.ops.shutdown.requested(),
     )
     .await;
-    shard
-        .shut_down(std::time::Instant::now() + shutdown::DRAIN_MAX)
-        .await;
-    shard.publish_snapshot(&ops.slots);
 }
 
 /// Fault injection for the tests of what a panic does: `PINQ_FAULT_PANIC_SHARD=N` makes shard
