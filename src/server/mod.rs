@@ -393,7 +393,13 @@ async fn shard_main(
     inject_panic_if_asked(shard_id);
     end_a_task_if_asked(&shard);
 
-    let edge = EdgeLimits::new(config.server.client, &config.publish, connections);
+    let edge = EdgeLimits::new(
+        config.server.client,
+        &config.publish,
+        connections,
+        shard.count,
+    );
+    shard.set_edge(edge.clone());
     let accept_own = {
         let shard = shard.clone();
         let topology = topology.clone();
