@@ -114,6 +114,9 @@ pub async fn serve(
         async { Some(watch(&progress, &conn, &send, &edge).await) },
     )
     .await;
+    // The RPC system is dropped: end the tasks that wait on this connection's `deliver` calls
+    // (they hold its state, and with it its subscriptions and their copies) and their streams.
+    send.close();
     if let Some(why) = ended {
         tracing::debug!(shard = shard.id, peer, "connection closed: {why}");
     }
@@ -1040,7 +1043,7 @@ impl DeliverStream {
     /// wait in the sink.
     async fn forward(self, notify: LocalReceiver<()>, consumer: consumer::Client) {
         loop {
-            if self.sink.closed.get() {
+            if self.sink.closed.get() || self.send.is_closed() {
                 return;
             }
             let Some(first) = self.first_charge() else {
@@ -1098,6 +1101,7 @@ impl DeliverStream {
             async { notify.recv().await.is_some() },
         )
         .await
+            && !self.send.is_closed()
     }
 
     /// Up to [`DELIVER_BATCH_MAX`] deliveries from the sink, oldest first, as many as fit the
@@ -1120,8 +1124,18 @@ impl DeliverStream {
         call: impl Future<Output = Result<T, capnp::Error>>,
         permit: SendPermit,
     ) {
-        let answer = call.await;
+        let closed = futures_lite::future::poll_fn(|cx| self.send.poll_closed(cx));
+        let answer = futures_lite::future::or(async { Some(call.await) }, async {
+            closed.await;
+            None
+        })
+        .await;
         drop(permit);
+        let Some(answer) = answer else {
+            // The connection was closed under the call: its answer will never come.
+            self.sink.close();
+            return;
+        };
         if let Err(e) = answer {
             tracing::debug!("deliver failed, closing the subscription's stream: {e}");
             self.sink.close();

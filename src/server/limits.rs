@@ -1063,3 +1063,26 @@ pub fn trim_heap() {
         libc::malloc_trim(0);
     }
 }
+
+/// Allocations of at least this many bytes get pages of their own from the OS (mmap), given
+/// back the moment they are freed.
+pub const MMAP_THRESHOLD_BYTES: usize = 256 << 10;
+
+/// Sets glibc's allocator up so that the large buffers of a client (frames, `deliver` calls,
+/// 64 KiB..1 MiB values) are returned to the OS when freed: a fixed `M_MMAP_THRESHOLD` of
+/// [`MMAP_THRESHOLD_BYTES`]. Without it glibc raises the threshold after each large free (up to
+/// 32 MiB), so those buffers came from the shard threads' arenas, and after a hostile client
+/// was gone RSS stayed 120-150 MiB above where it was even with `malloc_trim` (measured in
+/// `tests/server_memory_bytes.rs`; README). Called once, before the shard threads start.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets glibc's allocator parameters; it takes no pointer.
+    unsafe {
+        let threshold = libc::c_int::try_from(MMAP_THRESHOLD_BYTES).unwrap_or(libc::c_int::MAX);
+        if libc::mallopt(libc::M_MMAP_THRESHOLD, threshold) != 1 {
+            tracing::warn!(
+                "mallopt(M_MMAP_THRESHOLD) refused: freed client buffers may stay resident"
+            );
+        }
+    }
+}

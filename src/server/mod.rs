@@ -80,6 +80,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let cpus: Vec<usize> = config.server.cpus.cpus().to_vec();
     let count = cpus.len();
     anyhow::ensure!(count > 0, "server.cpus selects no CPU");
+    limits::tune_allocator();
     if config.storage.engine == StorageEngine::Memory {
         anyhow::ensure!(
             config.cluster.is_none(),

@@ -85,6 +85,8 @@ pub struct SendGate {
     blocked_since_ms: Cell<Option<u64>>,
     /// Most bytes this connection has had unanswered at once (to decide on a trim at close).
     high_water: Cell<usize>,
+    /// The connection is closed: its calls will never be answered.
+    closed: Cell<bool>,
 }
 
 /// Bytes of one `deliver` call, taken from both budgets; dropping it (the call returned or
@@ -102,6 +104,7 @@ impl SendGate {
             shard,
             blocked_since_ms: Cell::new(None),
             high_water: Cell::new(0),
+            closed: Cell::new(false),
         })
     }
 
@@ -125,7 +128,7 @@ impl SendGate {
     /// Ready once one delivery of `bytes` fits; until then the stream is counted as waiting, and as blocked
     /// (for the stall timeout) when bytes of its own connection are unanswered.
     pub fn poll_room(&self, cx: &mut Context<'_>, bytes: usize, now_ms: u64) -> Poll<()> {
-        if self.fits(bytes, true) {
+        if self.closed.get() || self.fits(bytes, true) {
             return Poll::Ready(());
         }
         if self.conn.in_use() > 0 && self.blocked_since_ms.get().is_none() {
@@ -133,6 +136,27 @@ impl SendGate {
         }
         self.conn.wait(cx.waker());
         self.shard.wait(cx.waker());
+        Poll::Pending
+    }
+
+    /// Marks the connection closed (its RPC system is gone) and wakes every task waiting on it.
+    pub fn close(&self) {
+        self.closed.set(true);
+        for waker in self.conn.waiters.borrow_mut().drain(..) {
+            waker.wake();
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.get()
+    }
+
+    /// Ready once the connection is closed.
+    pub fn poll_closed(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.closed.get() {
+            return Poll::Ready(());
+        }
+        self.conn.wait(cx.waker());
         Poll::Pending
     }
 
@@ -199,6 +223,9 @@ mod tests {
         drop(permit);
         assert_eq!(gate.blocked_since_ms(), None);
         assert!(gate.poll_room(&mut noop_cx(), 40, 8).is_ready());
+        assert!(gate.poll_closed(&mut noop_cx()).is_pending());
+        gate.close();
+        assert!(gate.poll_closed(&mut noop_cx()).is_ready());
     }
 
     #[test]
