@@ -320,8 +320,8 @@ pub struct ReadProgress {
     pub bytes: Cell<u64>,
     /// Frames received whole so far.
     pub frames: Cell<u64>,
-    /// Whether a frame's first byte arrived and its last has not (false while its body waits
-    /// for room in the budget: that wait is the server's, not the client's).
+    /// Whether a frame's first byte arrived and its last has not (its body waiting for room in
+    /// the budget included).
     pub frame_open: Cell<bool>,
     /// The largest frame announced so far, in bytes.
     pub largest_frame: Cell<usize>,
@@ -600,10 +600,10 @@ impl<R: AsyncRead + Unpin> AsyncRead for FrameGate<R> {
                 Phase::Admit { body } => {
                     let body = *body;
                     let frame = body + this.out.len();
+                    // The wait counts toward `server.frameTimeout`: a frame that announced many
+                    // bytes and never sends them holds the budget no longer than that.
                     if let Some(admission) = this.admission.as_mut() {
-                        this.progress.frame_open.set(false);
                         std::task::ready!(admission.poll_admit(cx, frame));
-                        this.progress.frame_open.set(true);
                     }
                     this.phase = Phase::Collect { body_left: body };
                 }
