@@ -304,3 +304,58 @@ fn deliveries_blocked_past_the_send_stall_timeout_close_the_connection() {
     assert_eq!(dog.observe(blocked(2100, Some(1200))), Verdict::Keep);
     assert_eq!(dog.observe(blocked(2200, Some(1200))), Verdict::SendStalled);
 }
+
+#[test]
+fn a_large_frame_is_not_read_until_its_bytes_fit_the_budget_and_its_call_claims_them() {
+    let publish = PublishConfig {
+        bytes_in_flight_max: 512 << 10,
+        ..PublishConfig::default()
+    };
+    let edge = EdgeLimits::new(
+        ClientLimits::default(),
+        &publish,
+        ConnectionCount::new(4),
+        1,
+    );
+    let conn = ConnectionUse::new(ClientLimits::default());
+    let mut stream = frame(&[40_000]); // 320 KiB
+    stream.extend(frame(&[40_000]));
+    let frame_bytes = stream.len() / 2;
+    let (g, progress) = gate(stream, 1 << 20);
+    let mut g = g.admitted(Admission::new(conn.clone(), edge.clone()));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    // Another publish holds 256 KiB: 320 KiB more do not fit, so the body is not read.
+    let other = edge
+        .budget
+        .poll_take(&mut cx, edge.budget.next_ticket(), 256 << 10);
+    let mut buf = vec![0u8; 1 << 20];
+    assert!(Pin::new(&mut g).poll_read(&mut cx, &mut buf).is_pending());
+    assert_eq!(progress.bytes.get(), 8, "only the segment table was read");
+    drop(other);
+    let mut read = 0;
+    while read < frame_bytes {
+        match Pin::new(&mut g).poll_read(&mut cx, &mut buf) {
+            Poll::Ready(Ok(n)) => read += n,
+            other => panic!("the admitted frame did not pass: {other:?}"),
+        }
+    }
+    assert_eq!(
+        edge.budget.in_use(),
+        frame_bytes,
+        "the frame's bytes are held for its call"
+    );
+    // The next large frame waits for the first to be claimed by its call.
+    assert!(Pin::new(&mut g).poll_read(&mut cx, &mut buf).is_pending());
+    assert!(
+        conn.claim_frame(frame_bytes - 10_000).is_none(),
+        "not this call's frame"
+    );
+    let claimed = conn
+        .claim_frame(frame_bytes - 100)
+        .expect("the call claims its frame");
+    assert_eq!(claimed.bytes(), frame_bytes);
+    // Claimed, but its call still holds the bytes: two frames do not fit in 512 KiB.
+    assert!(Pin::new(&mut g).poll_read(&mut cx, &mut buf).is_pending());
+    drop(claimed);
+    assert!(Pin::new(&mut g).poll_read(&mut cx, &mut buf).is_ready());
+}
