@@ -300,17 +300,11 @@ fn a_consumer_that_stops_reading_holds_its_send_budget_then_is_closed() {
 // ---------------------------------------------------------------------------------------------
 // Big publishes in flight on one connection
 
-#[test]
-fn big_publishes_wait_for_room_before_their_frames_are_read() {
-    let server = two_shards(&[]);
-    let pid = server.pid();
-    let base = warmed_rss(&server);
-    let peak = Peak::watch(pid);
-    let addr = server.server_arg();
-    // 24 calls of 24 messages of 1 MiB pipelined on one connection: 576 MiB announced at once.
-    let outcomes = on_executor(move || async move {
+/// `calls` calls of 24 messages of 1 MiB pipelined on one connection: (stored, errors).
+fn big_publishes(addr: String, calls: usize) -> (usize, Vec<String>) {
+    on_executor(move || async move {
         let client = Client::connect(addr.as_str()).await.expect("connect");
-        let calls: Vec<_> = (0..24)
+        let calls: Vec<_> = (0..calls)
             .map(|c| {
                 let batch: Vec<PublishMessage> = (0..24)
                     .map(|i| PublishMessage::new(format!("big-{i}"), vec![c as u8; 1 << 20]))
@@ -326,7 +320,18 @@ fn big_publishes_wait_for_room_before_their_frames_are_read() {
             }
         }
         outcomes
-    });
+    })
+}
+
+#[test]
+fn big_publishes_wait_for_room_before_their_frames_are_read() {
+    let server = two_shards(&[]);
+    let pid = server.pid();
+    let base = warmed_rss(&server);
+    let peak = Peak::watch(pid);
+    let addr = server.server_arg();
+    // 24 calls of 24 messages of 1 MiB pipelined on one connection: 576 MiB announced at once.
+    let outcomes = big_publishes(addr, 24);
     let waited = metric_sum(&server, "pinq_client_frame_waits_total");
     let peak_mib = peak.mib();
     drop(peak);
@@ -359,22 +364,14 @@ fn big_publishes_wait_for_room_before_their_frames_are_read() {
 // ---------------------------------------------------------------------------------------------
 // Many calls of empty messages
 
-#[test]
-fn empty_messages_take_their_minimum_charge_from_the_publish_budget() {
-    // A budget of 4 MiB: a call of 10,000 empty messages (charged 512 B each, 5 MB) is admitted
-    // only alone, so the calls go one after another however many are sent at once.
-    let server = two_shards(&[("PINQ_PUBLISH_MAX_BYTES_IN_FLIGHT", "4MiB")]);
-    let pid = server.pid();
-    let base = warmed_rss(&server);
-    let peak = Peak::watch(pid);
-    let addr = server.server_arg();
-    const CALLS: usize = 12;
-    let (stored, refused) = on_executor(move || async move {
+/// `calls` calls of 10,000 empty messages pipelined on one connection: (stored, refused).
+fn empty_publishes(addr: String, calls: usize) -> (usize, usize) {
+    on_executor(move || async move {
         let client = Client::connect(addr.as_str()).await.expect("connect");
         let batch: Vec<PublishMessage> = (0..10_000)
             .map(|_| PublishMessage::new("empty-t", Vec::new()))
             .collect();
-        let calls: Vec<_> = (0..CALLS)
+        let calls: Vec<_> = (0..calls)
             .map(|_| client.publish(&batch, AckLevel::Leader))
             .collect();
         let (mut stored, mut refused) = (0usize, 0usize);
@@ -386,7 +383,20 @@ fn empty_messages_take_their_minimum_charge_from_the_publish_budget() {
             }
         }
         (stored, refused)
-    });
+    })
+}
+
+#[test]
+fn empty_messages_take_their_minimum_charge_from_the_publish_budget() {
+    // A budget of 4 MiB: a call of 10,000 empty messages (charged 512 B each, 5 MB) is admitted
+    // only alone, so the calls go one after another however many are sent at once.
+    let server = two_shards(&[("PINQ_PUBLISH_MAX_BYTES_IN_FLIGHT", "4MiB")]);
+    let pid = server.pid();
+    let base = warmed_rss(&server);
+    let peak = Peak::watch(pid);
+    let addr = server.server_arg();
+    const CALLS: usize = 12;
+    let (stored, refused) = empty_publishes(addr, CALLS);
     let waited = metric_sum(&server, "pinq_client_frame_waits_total");
     let peak_mib = peak.mib();
     drop(peak);
@@ -394,11 +404,73 @@ fn empty_messages_take_their_minimum_charge_from_the_publish_budget() {
     eprintln!(
         "empty messages: base {base} MiB, peak {peak_mib} MiB, after {after} MiB, stored {stored} calls, refused {refused}, frames waited {waited}"
     );
-    // Each call waits for the one before it (or is refused): never 40 at once.
+    // Each call waits for the one before it (or is refused): never all at once.
     assert!(
         waited >= 1.0 || refused >= 1,
         "{CALLS} calls of 5 MB against a 4 MiB budget were all admitted at once"
     );
     assert!(stored >= 1, "no call was stored");
     assert!(peak_mib <= base + formula_mib(16, 4, 256, 0));
+}
+
+// ---------------------------------------------------------------------------------------------
+// All of them at once
+
+#[test]
+fn the_hostile_clients_at_once_stay_under_the_formula() {
+    let server = two_shards(&[("PINQ_SERVER_SEND_STALL_TIMEOUT", "8s")]);
+    let pid = server.pid();
+    warmed_rss(&server);
+    publish_many(server.server_arg(), "warm-big-t", 2000, 64 << 10, 16);
+    let base = settled_rss(pid);
+    let mut child = start_hostile_consumer(&server);
+    signal(&child, libc::SIGSTOP);
+    let peak = Peak::watch(pid);
+    let addr = server.server_arg();
+    let clients = [
+        std::thread::spawn({
+            let addr = addr.clone();
+            move || publish_many(addr, STALL_TOPIC, 2000, 64 << 10, 16)
+        }),
+        std::thread::spawn({
+            let addr = addr.clone();
+            move || {
+                let (_, errors) = big_publishes(addr, 12);
+                let unexpected: Vec<_> = errors
+                    .iter()
+                    .filter(|e| !e.contains("publishBytesInFlight"))
+                    .collect();
+                assert!(unexpected.is_empty(), "{unexpected:?}");
+            }
+        }),
+        std::thread::spawn(move || {
+            empty_publishes(addr, 12);
+        }),
+    ];
+    for client in clients {
+        client.join().expect("a hostile client failed");
+    }
+    let deadline = Instant::now() + PHASE_WAIT;
+    while metric_sum(&server, "pinq_client_send_stall_closes_total") < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the stalled consumer was not closed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    signal(&child, libc::SIGKILL);
+    let _ = child.wait();
+    let peak_mib = peak.mib();
+    drop(peak);
+    forget_stall_groups(server.server_arg());
+    let after = rss_falls_back(pid, base);
+    let bound = base + formula_mib(16, 64, 256, 2000 * 64 / 1024);
+    eprintln!(
+        "all at once: base {base} MiB, peak {peak_mib} MiB (bound {bound} MiB), after {after} MiB"
+    );
+    assert!(peak_mib <= bound, "peak {peak_mib} MiB > {bound} MiB");
+    assert!(
+        after <= base + RETURN_SLACK_MIB,
+        "RSS {after} MiB after the clients went, {base} MiB before"
+    );
 }
