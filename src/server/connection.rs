@@ -670,6 +670,9 @@ impl BrokerImpl {
             });
             (parts, messages.len(), bytes, frame)
         };
+        // The archives in `parts` are all the call needs now: free the request's frame (as
+        // large as the batch) before waiting for room and for the store.
+        drop(params);
         if let Some(hint) = parts.iter().find_map(|p| self.not_led_here(p.shard)) {
             write_not_leader(results.get().init_not_leader(), &hint);
             return Ok(());
