@@ -239,6 +239,15 @@ pub struct ClientLimits {
     pub calls_in_flight_max: usize,
     /// `server.maxSubscriptionsPerConnection`: subscriptions open on one connection.
     pub subscriptions_max: usize,
+    /// `server.maxSendBufferBytes`: bytes of `Consumer.deliver` calls one connection may have
+    /// sent and not had answered (across all its subscriptions); past it its deliveries wait.
+    pub send_buffer_bytes_max: usize,
+    /// `server.maxNodeSendBufferBytes`: the same bound for every connection of the node
+    /// together, split evenly between the shards.
+    pub node_send_buffer_bytes_max: usize,
+    /// `server.sendStallTimeout`: a connection whose deliveries wait for room and none of whose
+    /// `deliver` calls returned for this long is closed, and its copies released.
+    pub send_stall_timeout_ms: u64,
 }
 
 impl Default for ClientLimits {
@@ -250,6 +259,9 @@ impl Default for ClientLimits {
             deliver_timeout_ms: 15_000,
             calls_in_flight_max: 1024,
             subscriptions_max: 256,
+            send_buffer_bytes_max: 16 << 20,
+            node_send_buffer_bytes_max: 256 << 20,
+            send_stall_timeout_ms: 30_000,
         }
     }
 }

@@ -338,6 +338,7 @@ impl Collector for ShardCollector {
             }
         }
         encode_health(&mut encoder, &shards)?;
+        super::memory::encode(&mut encoder, &shards)?;
         for (name, help, read) in GAUGES {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for (shard, snap) in &shards {

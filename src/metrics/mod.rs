@@ -16,6 +16,7 @@
 pub mod encode;
 pub mod groups;
 pub mod http;
+pub mod memory;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -340,6 +341,8 @@ pub struct ShardSnapshot {
     pub storage: Option<StorageFigures>,
     /// `None` for a standalone broker.
     pub raft: Option<RaftFigures>,
+    /// The shard's byte bounds on client connections (`pinq_client_*`).
+    pub client_memory: memory::ClientMemoryFigures,
 }
 
 /// A shard whose last snapshot is older than this is reported stalled by `/healthz`: its

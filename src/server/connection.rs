@@ -36,9 +36,10 @@ use futures_lite::io::{BufReader, BufWriter};
 use glommio::channels::local_channel::LocalReceiver;
 use glommio::net::TcpStream;
 
+use super::limits::send::{self as send_limits, SendGate, SendPermit};
 use super::limits::{
-    self, BytePermit, CallSlot, ConnectionSlot, ConnectionUse, EdgeLimits, FrameGate, Observation,
-    ReadProgress, SubscriptionSlot, Verdict, Watchdog,
+    self, Admission, BytePermit, CallSlot, ConnectionSlot, ConnectionUse, EdgeLimits, FrameGate,
+    Observation, ReadProgress, SubscriptionSlot, Verdict, Watchdog,
 };
 use super::mesh::{LeaderHint, Refused, Request, SettleOp, SinkAddr};
 use super::receipts::{self, Awaiting, Receipts};
@@ -82,18 +83,20 @@ pub async fn serve(
             }
         };
     let progress = Rc::new(ReadProgress::default());
+    let conn = ConnectionUse::new(edge.client);
     let (reader, writer) = futures_lite::io::split(stream);
     let network = twoparty::VatNetwork::new(
         FrameGate::new(
             BufReader::new(reader),
             edge.frame_bytes_max,
             progress.clone(),
-        ),
+        )
+        .admitted(Admission::new(conn.clone(), edge.clone())),
         BufWriter::new(writer),
         Side::Server,
         edge.reader_options,
     );
-    let conn = ConnectionUse::new(edge.client);
+    let send = SendGate::new(edge.client.send_buffer_bytes_max, edge.send.clone());
     let receipts = Rc::new(Receipts::default());
     let broker: broker::Client = capnp_rpc::new_client(BrokerImpl {
         shard: shard.clone(),
@@ -102,10 +105,10 @@ pub async fn serve(
         conn: conn.clone(),
         receipts: receipts.clone(),
         edge: edge.clone(),
+        send: send.clone(),
         access: RefCell::new(None),
     });
     let rpc = RpcSystem::new(Box::new(network), Some(broker.client));
-    let disconnector = rpc.get_disconnector();
     let ended = futures_lite::future::or(
         async {
             match rpc.await {
@@ -113,16 +116,27 @@ pub async fn serve(
                 Err(e) => Some(format!("{e}")),
             }
         },
-        async { Some(watch(&progress, &conn, &receipts, fd).await) },
+        async { Some(watch(&progress, &conn, &send, &edge, (&receipts, fd)).await) },
     )
     .await;
-    // Breaks every call still waiting on this connection and releases every capability it
-    // exported, at the first poll (the watchdog's verdict drops the RPC system unfinished: its
-    // `deliver` calls would otherwise wait forever, keeping their subscriptions, and the copies
-    // those hold, alive).
-    let _ = futures_lite::future::poll_once(disconnector).await;
+    // The RPC system is dropped: end the tasks that wait on this connection's `deliver` calls
+    // (they hold its state, and with it its subscriptions and their copies) and their streams.
+    send.close();
     if let Some(why) = ended {
         tracing::debug!(shard = shard.id, peer, "connection closed: {why}");
+    }
+    release_memory(&edge, &send, &progress);
+}
+
+/// After a connection that had many bytes unanswered closed (its RPC system, queued calls and
+/// subscriptions are dropped by now), gives the freed heap back to the OS: glibc keeps freed
+/// memory in the shard thread's arena, so without it the broker's RSS stayed at its peak after
+/// the client was gone.
+fn release_memory(edge: &EdgeLimits, send: &SendGate, progress: &ReadProgress) {
+    let held = send.high_water().max(progress.largest_frame.get());
+    if held >= limits::TRIM_AFTER_BYTES {
+        edge.memory.trims.set(edge.memory.trims.get() + 1);
+        limits::trim_heap();
     }
 }
 
@@ -134,13 +148,32 @@ fn peer_of(stream: &TcpStream) -> String {
 }
 
 /// Observes the connection every tick until the watchdog says to close it, or a `deliver` call
-/// went unanswered for `server.deliverTimeout` (then the socket `fd` is reset: see
-/// [`receipts`]); returns why.
+/// went unanswered for `server.deliverTimeout`; returns why. A connection closed with `deliver`
+/// calls unanswered is reset (its socket `fd`: see [`receipts`]), so what was still on its way
+/// to the client is discarded, never delivered after its copies went to another consumer.
 async fn watch(
     progress: &ReadProgress,
     conn: &ConnectionUse,
+    send: &SendGate,
+    edge: &EdgeLimits,
+    (receipts, fd): (&Receipts, i32),
+) -> String {
+    let why = watchdog(progress, conn, send, edge, receipts).await;
+    if !receipts.is_empty() {
+        if let Err(e) = receipts::reset(fd) {
+            tracing::warn!("a stuck connection could not be set to reset: {e}");
+        }
+    }
+    why
+}
+
+/// The watchdog's loop: [`watch`] without the reset.
+async fn watchdog(
+    progress: &ReadProgress,
+    conn: &ConnectionUse,
+    send: &SendGate,
+    edge: &EdgeLimits,
     receipts: &Receipts,
-    fd: i32,
 ) -> String {
     let limits = conn.limits();
     let tick = Watchdog::tick(limits);
@@ -148,20 +181,19 @@ async fn watch(
     loop {
         glommio::timer::sleep(tick).await;
         if receipts.overdue(now_ms(), limits.deliver_timeout_ms) {
-            if let Err(e) = receipts::reset(fd) {
-                tracing::warn!("a stuck connection could not be set to reset: {e}");
-            }
             return format!(
                 "reset: a deliver call was not answered within server.deliverTimeout ({} ms)",
                 limits.deliver_timeout_ms
             );
         }
+        conn.release_unclaimed_frame(now_ms());
         let verdict = dog.observe(Observation {
             now_ms: now_ms(),
             bytes: progress.bytes.get(),
             frames: progress.frames.get(),
             frame_open: progress.frame_open.get(),
             busy: conn.busy(),
+            send_blocked_since_ms: send.blocked_since_ms(),
         });
         match verdict {
             Verdict::Keep => continue,
@@ -176,6 +208,16 @@ async fn watch(
                     "a frame was not complete within server.frameTimeout ({} ms)",
                     limits.frame_timeout_ms
                 )
+            }
+            Verdict::SendStalled => {
+                edge.memory
+                    .send_stall_closes
+                    .set(edge.memory.send_stall_closes.get() + 1);
+                return format!(
+                    "{} bytes of deliveries unanswered and none returned within server.sendStallTimeout ({} ms): the client does not read its socket",
+                    send.in_use(),
+                    limits.send_stall_timeout_ms
+                );
             }
         }
     }
@@ -334,6 +376,8 @@ struct BrokerImpl {
     /// The connection's unanswered `deliver` calls.
     receipts: Rc<Receipts>,
     edge: Rc<EdgeLimits>,
+    /// Bytes of this connection's `deliver` calls unanswered.
+    send: Rc<SendGate>,
     /// What the connection may do; `None` until a successful `hello`.
     access: RefCell<Option<Access>>,
 }
@@ -440,23 +484,50 @@ impl BrokerImpl {
     /// request's memory (the read frame and the archives made from it) is allocated here and
     /// held here until the reply, and one local budget lets a multi-shard batch take its bytes
     /// at once, with no cross-core round trip and no partial reservation across shards.
-    async fn room_for(&self, bytes: usize) -> Result<BytePermit, Refusal> {
+    ///
+    /// `frame` is the bytes the gate took for a large frame before reading it: they count
+    /// toward the publish's, and only the rest is waited for. A small frame's publish waits with
+    /// its frame in memory, so at most [`limits::PUBLISHES_WAITING_MAX`] of them wait per shard.
+    async fn room_for(&self, bytes: usize, frame: Option<BytePermit>) -> Result<Room, Refusal> {
+        let own = frame.as_ref().map_or(0, BytePermit::bytes);
+        if own >= bytes {
+            return Ok(Room(frame, None));
+        }
         let budget = &self.edge.budget;
-        match budget.acquire(bytes, limits::PUBLISH_ROOM_WAIT).await {
-            Some(permit) => Ok(permit),
-            None => {
-                self.shard.refused(Code::PublishBytesInFlight);
-                Err(Code::PublishBytesInFlight.refusal(format!(
-                    "shard {} holds {} bytes of publishes in flight, the limit publish.maxBytesInFlight ({}); waited {} ms for room for {bytes} bytes",
-                    self.shard.id,
-                    budget.in_use(),
-                    budget.max(),
-                    limits::PUBLISH_ROOM_WAIT.as_millis()
-                )))
-            }
+        let waiting = &self.edge.publishes_waiting;
+        if frame.is_none() && waiting.get() >= limits::PUBLISHES_WAITING_MAX {
+            return Err(self.no_room(bytes, 0));
+        }
+        waiting.set(waiting.get() + 1);
+        let more = budget
+            .acquire_beside(bytes - own, own, limits::PUBLISH_ROOM_WAIT)
+            .await;
+        waiting.set(waiting.get().saturating_sub(1));
+        match more {
+            Some(more) => Ok(Room(frame, Some(more))),
+            None => Err(self.no_room(bytes, limits::PUBLISH_ROOM_WAIT.as_millis())),
         }
     }
+
+    /// The refusal of a publish that found no room for `bytes` after `waited_ms` (counted).
+    fn no_room(&self, bytes: usize, waited_ms: u128) -> Refusal {
+        let budget = &self.edge.budget;
+        self.shard.refused(Code::PublishBytesInFlight);
+        Code::PublishBytesInFlight.refusal(format!(
+            "shard {} holds {} bytes of publishes in flight, the limit publish.maxBytesInFlight ({}), with {} publishes waiting; waited {waited_ms} ms for room for {bytes} bytes",
+            self.shard.id,
+            budget.in_use(),
+            budget.max(),
+            self.edge.publishes_waiting.get(),
+        ))
+    }
 }
+
+/// A publish's bytes in its shard's budget: the frame's, taken before it was read, and the rest.
+struct Room(
+    #[allow(dead_code)] Option<BytePermit>,
+    #[allow(dead_code)] Option<BytePermit>,
+);
 
 /// A request for shard `owner` that this node does not serve, as the client is told.
 impl BrokerImpl {
@@ -538,6 +609,13 @@ fn failed(message: impl Into<String>) -> capnp::Error {
     }
 }
 
+/// The bytes a call's params take, to find the large frame that carried them.
+fn params_bytes(size: capnp::Result<capnp::MessageSize>) -> capnp::Result<usize> {
+    Ok(usize::try_from(size?.word_count)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(8))
+}
+
 fn wire(e: WireError) -> capnp::Error {
     e.into_capnp()
 }
@@ -606,8 +684,9 @@ impl BrokerImpl {
     ) -> Result<(), CallError> {
         let _call = call_slot(&self.shard, &self.conn)?;
         self.admits(None)?;
-        let (parts, len, bytes) = {
+        let (parts, len, bytes, frame) = {
             let params = params.get()?;
+            let frame = self.conn.claim_frame(params_bytes(params.total_size())?);
             let ack = rpc::read_ack_level(params.get_ack_level())?;
             let limits = PublishLimits::from(&self.topology.publish);
             let messages = rpc::read_publish_batch(params.get_messages()?, &limits)?;
@@ -623,13 +702,16 @@ impl BrokerImpl {
             let bytes = messages.iter().fold(0usize, |sum, m| {
                 sum.saturating_add(limits::publish_charge_bytes(m.counted_bytes()))
             });
-            (parts, messages.len(), bytes)
+            (parts, messages.len(), bytes, frame)
         };
+        // The archives in `parts` are all the call needs now: free the request's frame (as
+        // large as the batch) before waiting for room and for the store.
+        drop(params);
         if let Some(hint) = parts.iter().find_map(|p| self.not_led_here(p.shard)) {
             write_not_leader(results.get().init_not_leader(), &hint);
             return Ok(());
         }
-        let _room = self.room_for(bytes).await?;
+        let _room = self.room_for(bytes, frame).await?;
         match self.store(parts, len).await? {
             Stored::Tags(tags) => {
                 rpc::write_tags(results.get().init_tags(tags.len() as u32), &tags)
@@ -840,6 +922,8 @@ impl broker::Server for BrokerImpl {
             consumer,
             sink: sink.clone(),
             receipts: self.receipts.clone(),
+            send: self.send.clone(),
+            edge: self.edge.clone(),
         };
         glommio::spawn_local(stream.forward(notify, consumer_cap)).detach();
         let handle = SubscriptionImpl {
@@ -985,22 +1069,33 @@ struct DeliverStream {
     consumer: ConsumerId,
     sink: Rc<Sink>,
     receipts: Rc<Receipts>,
+    /// The connection's send budgets: a call is sent only when its bytes fit.
+    send: Rc<SendGate>,
+    edge: Rc<EdgeLimits>,
 }
 
 impl DeliverStream {
     /// Sends the sink's deliveries to the client's `Consumer` in batches, without waiting for
     /// earlier calls: the owner never puts more in the sink than the consumer's window allows,
-    /// and each batch's share of the window goes back when its call returns.
+    /// and each batch's share of the window goes back when its call returns. A batch goes only
+    /// when its bytes fit the connection's send budgets (`limits::send`); until then the copies
+    /// wait in the sink.
     async fn forward(self, notify: LocalReceiver<()>, consumer: consumer::Client) {
         loop {
-            if self.sink.closed.get() {
+            if self.sink.closed.get() || self.send.is_closed() {
                 return;
             }
-            let batch = self.next_batch();
-            if batch.is_empty() {
+            let Some(first) = self.first_charge() else {
                 if notify.recv().await.is_none() {
                     return;
                 }
+                continue;
+            };
+            if !self.send.fits(first, true) && !self.wait_for_room(first, &notify).await {
+                return;
+            }
+            let (batch, permit) = self.next_batch();
+            if batch.is_empty() {
                 continue;
             }
             let mut request = consumer.deliver_request();
@@ -1021,28 +1116,68 @@ impl DeliverStream {
             let call = request.send().promise;
             let awaiting = self.receipts.sent(now_ms());
             drop(batch);
-            glommio::spawn_local(self.clone().returned(keys, awaiting, call)).detach();
+            glommio::spawn_local(self.clone().returned(keys, call, (permit, awaiting))).detach();
         }
     }
 
-    /// Up to [`DELIVER_BATCH_MAX`] deliveries from the sink, oldest first.
-    fn next_batch(&self) -> Vec<pipeline::Delivery> {
-        let mut queue = self.sink.queue.borrow_mut();
-        let n = queue.len().min(DELIVER_BATCH_MAX);
-        queue.drain(..n).collect()
+    /// What the oldest delivery in the sink would take from the send budgets.
+    fn first_charge(&self) -> Option<usize> {
+        let queue = self.sink.queue.borrow();
+        queue
+            .front()
+            .map(|d| send_limits::delivery_charge_bytes(d.value.as_bytes().len()))
     }
 
-    /// Waits for one `deliver` call to return, then gives its deliveries' window back and
-    /// starts their leases (the consumer confirmed it has them). A call that fails ends the
-    /// stream (a disconnect of this consumer).
+    /// Waits until a delivery of `first` bytes fits, or the sink is told something (closed, or
+    /// more deliveries); `false` when the sink is gone.
+    async fn wait_for_room(&self, first: usize, notify: &LocalReceiver<()>) -> bool {
+        let memory = &self.edge.memory;
+        memory.sends_waited.set(memory.sends_waited.get() + 1);
+        let room = futures_lite::future::poll_fn(|cx| self.send.poll_room(cx, first, now_ms()));
+        futures_lite::future::or(
+            async {
+                room.await;
+                true
+            },
+            async { notify.recv().await.is_some() },
+        )
+        .await
+            && !self.send.is_closed()
+    }
+
+    /// Up to [`DELIVER_BATCH_MAX`] deliveries from the sink, oldest first, as many as fit the
+    /// send budgets, with their bytes taken.
+    fn next_batch(&self) -> (Vec<pipeline::Delivery>, SendPermit) {
+        let mut queue = self.sink.queue.borrow_mut();
+        let charge =
+            |d: &pipeline::Delivery| send_limits::delivery_charge_bytes(d.value.as_bytes().len());
+        let n = send_limits::batch_len(&self.send, queue.iter().map(charge), DELIVER_BATCH_MAX);
+        let batch: Vec<pipeline::Delivery> = queue.drain(..n).collect();
+        let bytes = batch.iter().map(charge).sum();
+        (batch, self.send.take(bytes))
+    }
+
+    /// Waits for one `deliver` call to return, then gives its bytes and its deliveries'
+    /// window back, and starts their leases (the consumer confirmed it has them). A call that
+    /// fails ends the stream (a disconnect of this consumer).
     async fn returned<T>(
         self,
         keys: Vec<EventKey>,
-        awaiting: Awaiting,
         call: impl Future<Output = Result<T, capnp::Error>>,
+        (permit, awaiting): (SendPermit, Awaiting),
     ) {
-        let answer = call.await;
-        drop(awaiting);
+        let closed = futures_lite::future::poll_fn(|cx| self.send.poll_closed(cx));
+        let answer = futures_lite::future::or(async { Some(call.await) }, async {
+            closed.await;
+            None
+        })
+        .await;
+        drop((permit, awaiting));
+        let Some(answer) = answer else {
+            // The connection was closed under the call: its answer will never come.
+            self.sink.close();
+            return;
+        };
         if let Err(e) = answer {
             tracing::debug!("deliver failed, closing the subscription's stream: {e}");
             self.sink.close();
@@ -1071,7 +1206,10 @@ impl SubscriptionImpl {
         &self,
         op: SettleOp,
         tags: capnp::data_list::Reader<'_>,
+        params_bytes: usize,
     ) -> Result<Vec<TagResult>, CallError> {
+        // A large frame's bytes, held until the call returns.
+        let _frame = self.conn.claim_frame(params_bytes);
         let _call = call_slot(&self.shard, &self.conn)?;
         if self.closed.get() {
             // The text protocol 1 always had, with no code in it.
@@ -1147,9 +1285,10 @@ impl subscription::Server for SubscriptionImpl {
         mut results: subscription::AckResults,
     ) -> Result<(), capnp::Error> {
         let params = params.get()?;
+        let size = params_bytes(params.total_size())?;
         let outcome = match settle_level(params.get_level()) {
             Ok(level) => {
-                self.settle(SettleOp::Ack { level }, params.get_tags()?)
+                self.settle(SettleOp::Ack { level }, params.get_tags()?, size)
                     .await
             }
             Err(e) => Err(e),
@@ -1163,11 +1302,12 @@ impl subscription::Server for SubscriptionImpl {
         mut results: subscription::NackResults,
     ) -> Result<(), capnp::Error> {
         let params = params.get()?;
+        let size = params_bytes(params.total_size())?;
         let delay_ms = params.get_delay_ms();
         let outcome = match settle_level(params.get_level()) {
             Ok(level) => {
                 let op = SettleOp::Nack { delay_ms, level };
-                self.settle(op, params.get_tags()?).await
+                self.settle(op, params.get_tags()?, size).await
             }
             Err(e) => Err(e),
         };
@@ -1179,9 +1319,9 @@ impl subscription::Server for SubscriptionImpl {
         params: subscription::TouchParams,
         mut results: subscription::TouchResults,
     ) -> Result<(), capnp::Error> {
-        let outcome = self
-            .settle(SettleOp::Touch, params.get()?.get_tags()?)
-            .await;
+        let params = params.get()?;
+        let size = params_bytes(params.total_size())?;
+        let outcome = self.settle(SettleOp::Touch, params.get_tags()?, size).await;
         answer_settle!(&self.conn, outcome, results)
     }
 

@@ -44,6 +44,16 @@ pub const REFUSED_CONNECTION_LINGER: Duration = Duration::from_secs(1);
 /// Over-limit connections one shard keeps open at once to answer them; beyond it they are
 /// closed at once (the client sees the connection closed, not a hang).
 pub const REFUSING_CONNECTIONS_MAX: usize = 1024;
+/// Publishes of one shard that may wait for room in its budget with their (small) frames in
+/// memory; one more is refused `publishBytesInFlight` at once. Large frames wait in the gate
+/// before they are read and are not counted here.
+pub const PUBLISHES_WAITING_MAX: usize = 256;
+/// A large frame admitted by the gate and not claimed by its call within this long gives its
+/// bytes back (a frame no handler claims: an unknown method, a garbage call).
+pub const FRAME_CLAIM_WAIT_MS: u64 = 1_000;
+/// A connection that had at least this many bytes unanswered or in one request frame trims the
+/// heap when it closes ([`trim_heap`]).
+pub const TRIM_AFTER_BYTES: usize = 8 << 20;
 /// At most one line per this many milliseconds for a repeated accept error.
 pub const ACCEPT_ERROR_LOG_INTERVAL_MS: u64 = 5_000;
 
@@ -71,16 +81,17 @@ pub fn frame_bytes_max(publish: &PublishConfig) -> usize {
         .saturating_add(FRAME_ALLOWANCE_BYTES)
 }
 
-/// The Cap'n Proto reader options of a client connection. The traversal limit is twice the
-/// frame so that reading a request's fields twice never trips it; the gate has already refused
+/// The Cap'n Proto reader options of a client connection. The traversal limit is three times
+/// the frame so that measuring a request and reading its fields twice never trips it; the gate has already refused
 /// any frame larger than [`frame_bytes_max`].
 pub fn reader_options(publish: &PublishConfig) -> capnp::message::ReaderOptions {
     reader_options_for_frames(frame_bytes_max(publish))
 }
 
-/// Reader options for frames of at most `frame_bytes_max` bytes.
+/// Reader options for frames of at most `frame_bytes_max` bytes: three traversals (a call's
+/// `total_size`, which finds the frame the gate admitted for it, and two reads of its fields).
 pub fn reader_options_for_frames(frame_bytes_max: usize) -> capnp::message::ReaderOptions {
-    let words = (frame_bytes_max / 8).saturating_mul(2);
+    let words = (frame_bytes_max / 8).saturating_mul(3);
     let mut options = capnp::message::ReaderOptions::new();
     options.traversal_limit_in_words(Some(words));
     options
@@ -149,7 +160,27 @@ pub struct ConnectionUse {
     subscriptions: Cell<usize>,
     /// 0 until a `hello` with a version the broker speaks.
     protocol_version: Cell<u32>,
+    /// The large frame handed to the Cap'n Proto reader whose call has not claimed its bytes yet.
+    held_frame: RefCell<Option<HeldFrame>>,
+    /// The gate, waiting for `held_frame` to be claimed before it reads the next large frame.
+    gate_waker: RefCell<Option<Waker>>,
+    /// Whether the gate's current frame was counted as waiting for room.
+    pub frame_waiting: Cell<bool>,
 }
+
+/// A large frame's bytes, taken from the budget before it was read, waiting for its call.
+#[derive(Debug)]
+struct HeldFrame {
+    permit: BytePermit,
+    frame_bytes: usize,
+    /// When the watchdog first saw it unclaimed.
+    seen_ms: Option<u64>,
+}
+
+/// Bytes a request frame holds besides its call's params: the segment table, the RPC message
+/// and call structs, the cap table. A held frame is claimed by the call whose params are within
+/// this of its size.
+pub const FRAME_WRAPPER_BYTES_MAX: usize = 4096;
 
 /// One call being served; dropping it (the call answered or cancelled) frees its place.
 #[derive(Debug)]
@@ -166,7 +197,65 @@ impl ConnectionUse {
             calls: Cell::new(0),
             subscriptions: Cell::new(0),
             protocol_version: Cell::new(0),
+            held_frame: RefCell::new(None),
+            gate_waker: RefCell::new(None),
+            frame_waiting: Cell::new(false),
         })
+    }
+
+    /// Whether a large frame waits for its call to claim it; if so the gate is woken when it is.
+    fn frame_held(&self, waker: &Waker) -> bool {
+        let held = self.held_frame.borrow().is_some();
+        if held {
+            *self.gate_waker.borrow_mut() = Some(waker.clone());
+        }
+        held
+    }
+
+    fn hold_frame(&self, permit: BytePermit, frame_bytes: usize) {
+        *self.held_frame.borrow_mut() = Some(HeldFrame {
+            permit,
+            frame_bytes,
+            seen_ms: None,
+        });
+    }
+
+    /// The bytes of the large frame that carried a call whose params take `params_bytes`, if it
+    /// is the one held; the gate may then read the next large frame.
+    pub fn claim_frame(&self, params_bytes: usize) -> Option<BytePermit> {
+        let mut held = self.held_frame.borrow_mut();
+        let frame_bytes = held.as_ref()?.frame_bytes;
+        if !(params_bytes..=params_bytes.saturating_add(FRAME_WRAPPER_BYTES_MAX))
+            .contains(&frame_bytes)
+        {
+            return None;
+        }
+        let frame = held.take()?;
+        drop(held);
+        self.wake_gate();
+        Some(frame.permit)
+    }
+
+    /// Gives back a held frame no call claimed within [`FRAME_CLAIM_WAIT_MS`] (its Cap'n Proto
+    /// message was not a call of ours); called by the watchdog each tick.
+    pub fn release_unclaimed_frame(&self, now_ms: u64) {
+        let mut held = self.held_frame.borrow_mut();
+        let Some(frame) = held.as_mut() else {
+            return;
+        };
+        let seen = *frame.seen_ms.get_or_insert(now_ms);
+        if now_ms.saturating_sub(seen) < FRAME_CLAIM_WAIT_MS {
+            return;
+        }
+        held.take();
+        drop(held);
+        self.wake_gate();
+    }
+
+    fn wake_gate(&self) {
+        if let Some(waker) = self.gate_waker.borrow_mut().take() {
+            waker.wake();
+        }
     }
 
     /// The protocol version the connection speaks (0 before its `hello`).
@@ -231,8 +320,11 @@ pub struct ReadProgress {
     pub bytes: Cell<u64>,
     /// Frames received whole so far.
     pub frames: Cell<u64>,
-    /// Whether a frame's first byte arrived and its last has not.
+    /// Whether a frame's first byte arrived and its last has not (its body waiting for room in
+    /// the budget included).
     pub frame_open: Cell<bool>,
+    /// The largest frame announced so far, in bytes.
+    pub largest_frame: Cell<usize>,
 }
 
 /// Why the gate refused a frame (the connection is then closed).
@@ -251,6 +343,9 @@ pub enum FrameError {
 enum Phase {
     /// Reading the next frame's segment table into `table`.
     Table,
+    /// A large frame's table is read: its bytes wait for room in the shard's budget (and for
+    /// the connection's previous large frame to be claimed) before its body is read.
+    Admit { body: usize },
     /// Handing `table` (or, collected, `table` and the body) on from `out[served..]`, then
     /// `direct_left` bytes straight from the socket.
     Serve { served: usize, direct_left: usize },
@@ -268,6 +363,76 @@ pub struct FrameGate<R> {
     phase: Phase,
     /// The segment table being read, then what is owed to the reader above.
     out: Vec<u8>,
+    /// Where large frames take their bytes before they are read; `None`: not admitted.
+    admission: Option<Admission>,
+}
+
+/// A connection's gate's way into its shard's publish budget.
+pub struct Admission {
+    pub budget: Rc<ByteBudget>,
+    pub conn: Rc<ConnectionUse>,
+    pub counters: Rc<EdgeLimits>,
+    /// The gate's place in the budget's queue while a frame waits; left on drop.
+    waiting: Option<u64>,
+    /// The bytes of the frame being collected.
+    admitted: Option<BytePermit>,
+}
+
+impl Admission {
+    pub fn new(conn: Rc<ConnectionUse>, edge: Rc<EdgeLimits>) -> Admission {
+        Admission {
+            budget: edge.budget.clone(),
+            conn,
+            counters: edge,
+            waiting: None,
+            admitted: None,
+        }
+    }
+
+    /// Ready with the frame's bytes taken, once the connection's previous large frame was
+    /// claimed and the budget has room; counts a frame that had to wait.
+    fn poll_admit(&mut self, cx: &mut Context<'_>, frame_bytes: usize) -> Poll<()> {
+        if self.admitted.is_some() {
+            return Poll::Ready(());
+        }
+        let held = self.conn.frame_held(cx.waker());
+        let id = match self.waiting {
+            Some(id) => id,
+            None => {
+                let id = self.budget.next_ticket();
+                self.waiting = Some(id);
+                id
+            }
+        };
+        if !held {
+            if let Some(permit) = self.budget.poll_take(cx, id, frame_bytes) {
+                self.waiting = None;
+                self.admitted = Some(permit);
+                return Poll::Ready(());
+            }
+        }
+        let memory = &self.counters.memory;
+        if !self.conn.frame_waiting.replace(true) {
+            memory.frames_waited.set(memory.frames_waited.get() + 1);
+        }
+        Poll::Pending
+    }
+
+    /// The frame is read whole: its bytes wait for its call to claim them.
+    fn hand_on(&mut self, frame_bytes: usize) {
+        self.conn.frame_waiting.set(false);
+        if let Some(permit) = self.admitted.take() {
+            self.conn.hold_frame(permit, frame_bytes);
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Some(id) = self.waiting.take() {
+            self.budget.leave(id);
+        }
+    }
 }
 
 impl<R> FrameGate<R> {
@@ -278,7 +443,14 @@ impl<R> FrameGate<R> {
             progress,
             phase: Phase::Table,
             out: Vec::with_capacity(64),
+            admission: None,
         }
+    }
+
+    /// Large frames take their bytes from `admission`'s budget before their body is read.
+    pub fn admitted(mut self, admission: Admission) -> FrameGate<R> {
+        self.admission = Some(admission);
+        self
     }
 }
 
@@ -413,14 +585,27 @@ impl<R: AsyncRead + Unpin> AsyncRead for FrameGate<R> {
                         return Poll::Ready(Ok(0));
                     }
                     let body = body_len(&this.out, this.frame_bytes_max).map_err(refused)?;
-                    this.phase = if body + this.out.len() <= DIRECT_FRAME_BYTES_MAX {
+                    let frame = body + this.out.len();
+                    let largest = &this.progress.largest_frame;
+                    largest.set(largest.get().max(frame));
+                    this.phase = if frame <= DIRECT_FRAME_BYTES_MAX {
                         Phase::Serve {
                             served: 0,
                             direct_left: body,
                         }
                     } else {
-                        Phase::Collect { body_left: body }
+                        Phase::Admit { body }
                     };
+                }
+                Phase::Admit { body } => {
+                    let body = *body;
+                    let frame = body + this.out.len();
+                    // The wait counts toward `server.frameTimeout`: a frame that announced many
+                    // bytes and never sends them holds the budget no longer than that.
+                    if let Some(admission) = this.admission.as_mut() {
+                        std::task::ready!(admission.poll_admit(cx, frame));
+                    }
+                    this.phase = Phase::Collect { body_left: body };
                 }
                 Phase::Collect { body_left } => {
                     let mut left = *body_left;
@@ -474,6 +659,9 @@ impl<R> FrameGate<R> {
     /// The frame is received whole: the next read starts a new table. A collected frame's
     /// buffer is given back (it may be large); a small table buffer is kept.
     fn finish_frame(&mut self) {
+        if let Some(admission) = self.admission.as_mut() {
+            admission.hand_on(self.out.len());
+        }
         self.progress.frame_open.set(false);
         self.progress.frames.set(self.progress.frames.get() + 1);
         if self.out.capacity() > DIRECT_FRAME_BYTES_MAX {
@@ -497,6 +685,9 @@ pub struct Observation {
     pub frame_open: bool,
     /// A call in flight or a subscription open.
     pub busy: bool,
+    /// Since when deliveries have waited for room with none of the connection's calls returning
+    /// ([`send::SendGate::blocked_since_ms`]).
+    pub send_blocked_since_ms: Option<u64>,
 }
 
 /// What the watchdog decided.
@@ -507,6 +698,8 @@ pub enum Verdict {
     Idle,
     /// A frame begun and not finished for `server.frameTimeout`.
     StalledFrame,
+    /// Deliveries waited for room, and no `deliver` call returned, for `server.sendStallTimeout`.
+    SendStalled,
 }
 
 /// Decides when a connection is idle or its frame stalled, from observations a tick apart.
@@ -514,6 +707,7 @@ pub enum Verdict {
 pub struct Watchdog {
     idle_timeout_ms: u64,
     frame_timeout_ms: u64,
+    send_stall_timeout_ms: u64,
     last_bytes: u64,
     quiet_since_ms: u64,
     /// The frame seen open: its number (frames received before it) and when it was first seen.
@@ -525,19 +719,29 @@ impl Watchdog {
         Watchdog {
             idle_timeout_ms: limits.idle_timeout_ms,
             frame_timeout_ms: limits.frame_timeout_ms,
+            send_stall_timeout_ms: limits.send_stall_timeout_ms,
             last_bytes: 0,
             quiet_since_ms: now_ms,
             open_frame: None,
         }
     }
 
-    /// How often to observe: a quarter of the shorter timeout, within 10 ms..1 s.
+    /// How often to observe: a quarter of the shortest timeout, within 10 ms..1 s.
     pub fn tick(limits: &ClientLimits) -> Duration {
-        let ms = (limits.idle_timeout_ms.min(limits.frame_timeout_ms) / 4).clamp(10, 1000);
+        let shortest = limits
+            .idle_timeout_ms
+            .min(limits.frame_timeout_ms)
+            .min(limits.send_stall_timeout_ms);
+        let ms = (shortest / 4).clamp(10, 1000);
         Duration::from_millis(ms)
     }
 
     pub fn observe(&mut self, seen: Observation) -> Verdict {
+        if let Some(since) = seen.send_blocked_since_ms {
+            if seen.now_ms.saturating_sub(since) >= self.send_stall_timeout_ms {
+                return Verdict::SendStalled;
+            }
+        }
         if seen.bytes != self.last_bytes || seen.busy {
             self.last_bytes = seen.bytes;
             self.quiet_since_ms = seen.now_ms;
@@ -583,10 +787,12 @@ impl BudgetCore {
         }
     }
 
-    /// Takes `bytes` for `id` if they fit and no earlier waiter is ahead of it.
-    pub fn try_take(&mut self, id: u64, bytes: usize) -> bool {
+    /// Takes `bytes` for `id` if they fit and no earlier waiter is ahead of it. `own` is what
+    /// `id` already holds: a taker holding everything in use may always grow (a frame's call
+    /// adding its messages' charge to the frame's bytes), as anything fits an empty budget.
+    pub fn try_take(&mut self, id: u64, bytes: usize, own: usize) -> bool {
         let first = self.queue.front().is_none_or(|(head, _)| *head == id);
-        let fits = self.in_use == 0 || self.in_use.saturating_add(bytes) <= self.max;
+        let fits = self.in_use <= own || self.in_use.saturating_add(bytes) <= self.max;
         if !(first && fits) {
             return false;
         }
@@ -676,14 +882,61 @@ impl ByteBudget {
         self.core.borrow().max()
     }
 
-    /// Takes `bytes`, waiting in arrival order for room; `None` once `wait` has passed.
-    pub async fn acquire(self: &Rc<Self>, bytes: usize, wait: Duration) -> Option<BytePermit> {
+    /// A new place in the queue for [`ByteBudget::poll_take`].
+    pub fn next_ticket(&self) -> u64 {
         let id = self.next_id.get();
         self.next_id.set(id + 1);
+        id
+    }
+
+    /// Takes `bytes` for ticket `id` if they fit now; otherwise queues it (once) with the
+    /// waker. The caller leaves the queue with [`ByteBudget::leave`] if it gives up.
+    pub fn poll_take(
+        self: &Rc<Self>,
+        cx: &mut Context<'_>,
+        id: u64,
+        bytes: usize,
+    ) -> Option<BytePermit> {
+        let mut core = self.core.borrow_mut();
+        if core.try_take(id, bytes, 0) {
+            return Some(BytePermit {
+                budget: self.clone(),
+                bytes,
+            });
+        }
+        core.wait(id, cx.waker());
+        None
+    }
+
+    /// Leaves the queue (a waiter that gave up), waking the next one.
+    pub fn leave(&self, id: u64) {
+        let waker = {
+            let mut core = self.core.borrow_mut();
+            core.leave(id);
+            core.head_waker()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// Takes `bytes`, waiting in arrival order for room; `None` once `wait` has passed.
+    pub async fn acquire(self: &Rc<Self>, bytes: usize, wait: Duration) -> Option<BytePermit> {
+        self.acquire_beside(bytes, 0, wait).await
+    }
+
+    /// [`ByteBudget::acquire`] for a caller already holding `own` bytes of this budget.
+    pub async fn acquire_beside(
+        self: &Rc<Self>,
+        bytes: usize,
+        own: usize,
+        wait: Duration,
+    ) -> Option<BytePermit> {
+        let id = self.next_ticket();
         let ticket = Ticket { budget: self, id };
         let take = futures_lite::future::poll_fn(|cx| {
             let mut core = self.core.borrow_mut();
-            if core.try_take(id, bytes) {
+            if core.try_take(id, bytes, own) {
                 Poll::Ready(true)
             } else {
                 core.wait(id, cx.waker());
@@ -701,6 +954,12 @@ impl ByteBudget {
             budget: self.clone(),
             bytes,
         })
+    }
+}
+
+impl BytePermit {
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -738,11 +997,29 @@ impl Backoff {
     }
 }
 
+/// What a shard counts of its client memory bounds, for its metrics snapshot.
+#[derive(Debug, Default)]
+pub struct MemoryCounters {
+    /// Times a delivery stream found no room in its send budgets and waited.
+    pub sends_waited: Cell<u64>,
+    /// Connections closed after `server.sendStallTimeout`.
+    pub send_stall_closes: Cell<u64>,
+    /// Large request frames whose body waited for room before it was read.
+    pub frames_waited: Cell<u64>,
+    /// `malloc_trim` calls after a connection that held much memory closed.
+    pub trims: Cell<u64>,
+}
+
 /// Everything a shard's accept loops and connections share about client limits.
 pub struct EdgeLimits {
     pub client: ClientLimits,
     pub connections: ConnectionCount,
     pub budget: Rc<ByteBudget>,
+    /// This shard's share of `server.maxNodeSendBufferBytes`.
+    pub send: Rc<send::SendBudget>,
+    pub memory: MemoryCounters,
+    /// Publishes of this shard waiting for room with their frames in memory.
+    pub publishes_waiting: Cell<usize>,
     pub frame_bytes_max: usize,
     pub reader_options: capnp::message::ReaderOptions,
     /// Over-limit connections of this shard being answered.
@@ -754,11 +1031,16 @@ impl EdgeLimits {
         client: ClientLimits,
         publish: &PublishConfig,
         connections: ConnectionCount,
+        shards: usize,
     ) -> Rc<EdgeLimits> {
+        let send_share = client.node_send_buffer_bytes_max / shards.max(1);
         Rc::new(EdgeLimits {
             client,
             connections,
             budget: ByteBudget::new(publish.bytes_in_flight_max),
+            send: send::SendBudget::new(send_share),
+            memory: MemoryCounters::default(),
+            publishes_waiting: Cell::new(0),
             frame_bytes_max: frame_bytes_max(publish),
             reader_options: reader_options(publish),
             refusing: Cell::new(0),
@@ -766,5 +1048,41 @@ impl EdgeLimits {
     }
 }
 
+pub mod send;
+
 #[cfg(test)]
 mod tests;
+
+/// Gives freed heap memory back to the OS: glibc's `malloc_trim` walks every arena (each shard
+/// thread has its own) and returns their free pages. Called after a connection that held much
+/// memory closes; it costs a walk of the free lists, milliseconds at most.
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own arenas under their locks; it takes no pointer.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Allocations of at least this many bytes get pages of their own from the OS (mmap), given
+/// back the moment they are freed.
+pub const MMAP_THRESHOLD_BYTES: usize = 256 << 10;
+
+/// Sets glibc's allocator up so that the large buffers of a client (frames, `deliver` calls,
+/// 64 KiB..1 MiB values) are returned to the OS when freed: a fixed `M_MMAP_THRESHOLD` of
+/// [`MMAP_THRESHOLD_BYTES`]. Without it glibc raises the threshold after each large free (up to
+/// 32 MiB), so those buffers came from the shard threads' arenas, and after a hostile client
+/// was gone RSS stayed 120-150 MiB above where it was even with `malloc_trim` (measured in
+/// `tests/server_memory_bytes.rs`; README). Called once, before the shard threads start.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets glibc's allocator parameters; it takes no pointer.
+    unsafe {
+        let threshold = libc::c_int::try_from(MMAP_THRESHOLD_BYTES).unwrap_or(libc::c_int::MAX);
+        if libc::mallopt(libc::M_MMAP_THRESHOLD, threshold) != 1 {
+            tracing::warn!(
+                "mallopt(M_MMAP_THRESHOLD) refused: freed client buffers may stay resident"
+            );
+        }
+    }
+}

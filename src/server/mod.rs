@@ -81,6 +81,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     let cpus: Vec<usize> = config.server.cpus.cpus().to_vec();
     let count = cpus.len();
     anyhow::ensure!(count > 0, "server.cpus selects no CPU");
+    limits::tune_allocator();
     check_engine(&config)?;
     let _data_dir_lock = match config.storage.engine {
         StorageEngine::Memory => None,
@@ -500,7 +501,9 @@ async fn serve_clients(
         config.server.client,
         &config.publish,
         start.connections.clone(),
+        shard.count,
     );
+    shard.set_edge(edge.clone());
     let accepting = futures_lite::future::zip(
         accept_loop(
             shard.clone(),

@@ -151,6 +151,8 @@ pub struct Shard {
     pub transport: RefCell<Option<Rc<crate::cluster::transport::Transport>>>,
     /// Client requests refused by this shard, by code.
     refusals: Cell<RefusalCounts>,
+    /// The client limits its connections share, for the metrics (set when it starts accepting).
+    edge: RefCell<Option<Rc<super::limits::EdgeLimits>>>,
     /// Subscription closes another shard could not take (it had stopped).
     closes_lost: Cell<u64>,
     auth_refusals: Cell<crate::security::auth::AuthRefusalCounts>,
@@ -198,6 +200,7 @@ impl Shard {
             core_epoch: Cell::new(0),
             transport: RefCell::new(None),
             refusals: Cell::new(RefusalCounts::default()),
+            edge: RefCell::new(None),
             closes_lost: Cell::new(0),
             auth_refusals: Cell::new(Default::default()),
             error_logs: RefCell::new(AHashMap::new()),
@@ -1288,8 +1291,32 @@ impl Shard {
             problems: self.problems(health),
             refusals: self.refusals.get(),
             auth_refusals: self.auth_refusals.get(),
+            client_memory: self.client_memory(),
         };
         slots.publish(self.id, snapshot);
+    }
+
+    /// The client limits its accept loops and connections share (the metrics read them).
+    pub fn set_edge(&self, edge: Rc<super::limits::EdgeLimits>) {
+        *self.edge.borrow_mut() = Some(edge);
+    }
+
+    /// What the byte bounds on this shard's client connections hold, for its snapshot.
+    fn client_memory(&self) -> crate::metrics::memory::ClientMemoryFigures {
+        let edge = self.edge.borrow();
+        let Some(edge) = edge.as_ref() else {
+            return Default::default();
+        };
+        let m = &edge.memory;
+        crate::metrics::memory::ClientMemoryFigures {
+            send_buffer_bytes: edge.send.in_use() as u64,
+            send_buffer_bytes_max: edge.send.max() as u64,
+            sends_waited_total: m.sends_waited.get(),
+            send_stall_closes_total: m.send_stall_closes.get(),
+            publish_bytes_in_flight: edge.budget.in_use() as u64,
+            frames_waited_total: m.frames_waited.get(),
+            heap_trims_total: m.trims.get(),
+        }
     }
 
     /// The replica's figures, with the drops of shard 0's transport and the lost closes.

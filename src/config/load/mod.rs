@@ -83,6 +83,8 @@ const IDLE_TIMEOUT_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 const FRAME_TIMEOUT_MAX: Duration = Duration::from_secs(3600);
 const CALLS_IN_FLIGHT_LIMIT: usize = 1 << 20;
 const SUBSCRIPTIONS_PER_CONNECTION_LIMIT: usize = 1 << 20;
+const SEND_BUFFER_BYTES_MIN: u64 = 64 << 10;
+const SEND_BUFFER_BYTES_LIMIT: u64 = 64 << 30;
 const MEMTABLE_BYTES_MIN: u64 = 64 << 10;
 const MEMTABLE_BYTES_LIMIT: u64 = 64 << 30;
 const WAL_SEGMENT_BYTES_MIN: u64 = 64 << 10;
@@ -732,6 +734,9 @@ impl ConfigLoader {
             deliver_timeout: raw.deliver_timeout,
             max_calls_in_flight: raw.max_calls_in_flight,
             max_subscriptions_per_connection: raw.max_subscriptions_per_connection,
+            max_send_buffer_bytes: raw.max_send_buffer_bytes,
+            max_node_send_buffer_bytes: raw.max_node_send_buffer_bytes,
+            send_stall_timeout: raw.send_stall_timeout,
         };
         let d = ServerConfig {
             cpus: CpuList::all_of(&self.online_cpus),
@@ -901,6 +906,24 @@ impl ConfigLoader {
                 raw.max_subscriptions_per_connection,
                 d.subscriptions_max,
                 SUBSCRIPTIONS_PER_CONNECTION_LIMIT,
+            )?,
+            send_buffer_bytes_max: self.bytes(
+                "server.maxSendBufferBytes",
+                raw.max_send_buffer_bytes,
+                d.send_buffer_bytes_max as u64,
+                (SEND_BUFFER_BYTES_MIN, SEND_BUFFER_BYTES_LIMIT),
+            )? as usize,
+            node_send_buffer_bytes_max: self.bytes(
+                "server.maxNodeSendBufferBytes",
+                raw.max_node_send_buffer_bytes,
+                d.node_send_buffer_bytes_max as u64,
+                (SEND_BUFFER_BYTES_MIN, SEND_BUFFER_BYTES_LIMIT),
+            )? as usize,
+            send_stall_timeout_ms: self.millis(
+                "server.sendStallTimeout",
+                raw.send_stall_timeout,
+                d.send_stall_timeout_ms,
+                IDLE_TIMEOUT_MAX,
             )?,
         })
     }

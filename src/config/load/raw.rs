@@ -71,6 +71,9 @@ pub(super) struct RawServer {
     pub(super) deliver_timeout: Option<DurationValue>,
     pub(super) max_calls_in_flight: Option<u64>,
     pub(super) max_subscriptions_per_connection: Option<u64>,
+    pub(super) max_send_buffer_bytes: Option<ByteSizeValue>,
+    pub(super) max_node_send_buffer_bytes: Option<ByteSizeValue>,
+    pub(super) send_stall_timeout: Option<DurationValue>,
     // `[server.tls]` keys: the loader flattens `server.tls.certFile` into `server.tlsCertFile`
     // (so that the environment variable is `PINQ_SERVER_TLS_CERT_FILE`).
     pub(super) tls_cert_file: Option<String>,
@@ -103,6 +106,9 @@ pub(super) struct RawClientLimits {
     pub(super) deliver_timeout: Option<DurationValue>,
     pub(super) max_calls_in_flight: Option<u64>,
     pub(super) max_subscriptions_per_connection: Option<u64>,
+    pub(super) max_send_buffer_bytes: Option<ByteSizeValue>,
+    pub(super) max_node_send_buffer_bytes: Option<ByteSizeValue>,
+    pub(super) send_stall_timeout: Option<DurationValue>,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

@@ -97,6 +97,9 @@ impl Config {
              deliverTimeout = {}\n\
              maxCallsInFlight = {}\n\
              maxSubscriptionsPerConnection = {}\n\
+             maxSendBufferBytes = {}\n\
+             maxNodeSendBufferBytes = {}\n\
+             sendStallTimeout = {}\n\
              \n[storage]\n\
              engine = {}\n\
              memtableBytes = {}\n\
@@ -145,6 +148,9 @@ impl Config {
             duration(s.client.deliver_timeout_ms),
             s.client.calls_in_flight_max,
             s.client.subscriptions_max,
+            bytes(s.client.send_buffer_bytes_max as u64),
+            bytes(s.client.node_send_buffer_bytes_max as u64),
+            duration(s.client.send_stall_timeout_ms),
             text(st.engine.as_str()),
             bytes(st.memtable_bytes_max as u64),
             bytes(st.wal_segment_bytes_max),

@@ -112,12 +112,15 @@ fn section_keys_are_read_from_the_raw_structs() {
             "deliverTimeout",
             "maxCallsInFlight",
             "maxSubscriptionsPerConnection",
+            "maxSendBufferBytes",
+            "maxNodeSendBufferBytes",
+            "sendStallTimeout",
             "tlsCertFile",
             "tlsKeyFile",
             "tlsClientCaFile"
         ]
     );
-    assert_eq!(all_keys().len(), 21 + 7 + 15 + 4 + 10 + 1);
+    assert_eq!(all_keys().len(), 21 + 7 + 18 + 4 + 10 + 1);
 }
 
 #[test]
@@ -167,6 +170,9 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
         ("server", "deliverTimeout", "\"0ms\""),
         ("server", "maxCallsInFlight", "0"),
         ("server", "maxSubscriptionsPerConnection", "0"),
+        ("server", "maxSendBufferBytes", "0"),
+        ("server", "maxNodeSendBufferBytes", "0"),
+        ("server", "sendStallTimeout", "\"0s\""),
         ("storage", "memtableBytes", "\"0MiB\""),
         ("storage", "walSegmentBytes", "0"),
         ("storage", "walMaxBytes", "0"),
@@ -521,6 +527,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_SERVER_DELIVER_TIMEOUT", "7s"),
         ("PINQ_SERVER_MAX_CALLS_IN_FLIGHT", "64"),
         ("PINQ_SERVER_MAX_SUBSCRIPTIONS_PER_CONNECTION", "8"),
+        ("PINQ_SERVER_MAX_SEND_BUFFER_BYTES", "4MiB"),
+        ("PINQ_SERVER_MAX_NODE_SEND_BUFFER_BYTES", "64MiB"),
+        ("PINQ_SERVER_SEND_STALL_TIMEOUT", "10s"),
         ("PINQ_STORAGE_ENGINE", "memory"),
         ("PINQ_STORAGE_MEMTABLE_BYTES", "1048576"),
         ("PINQ_STORAGE_WAL_SEGMENT_BYTES", "8MiB"),
@@ -602,6 +611,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
                 deliver_timeout_ms: 7_000,
                 calls_in_flight_max: 64,
                 subscriptions_max: 8,
+                send_buffer_bytes_max: 4 << 20,
+                node_send_buffer_bytes_max: 64 << 20,
+                send_stall_timeout_ms: 10_000,
             },
         },
         storage: StorageConfig {

@@ -126,6 +126,7 @@ fn seen(now_ms: u64, bytes: u64, frames: u64, frame_open: bool, busy: bool) -> O
         frames,
         frame_open,
         busy,
+        send_blocked_since_ms: None,
     }
 }
 
@@ -172,24 +173,24 @@ fn a_frame_begun_and_not_finished_within_the_timeout_is_stalled() {
 #[test]
 fn the_budget_admits_in_arrival_order_and_a_batch_larger_than_it_alone() {
     let mut b = BudgetCore::new(100);
-    assert!(b.try_take(1, 60));
-    assert!(!b.try_take(2, 60));
+    assert!(b.try_take(1, 60, 0));
+    assert!(!b.try_take(2, 60, 0));
     let waker = futures_lite::future::block_on(futures_lite::future::poll_fn(|cx| {
         Poll::Ready(cx.waker().clone())
     }));
     b.wait(2, &waker);
     // A small one that would fit must not pass the waiter ahead of it.
-    assert!(!b.try_take(3, 10));
+    assert!(!b.try_take(3, 10, 0));
     b.release(60);
-    assert!(b.try_take(2, 60));
-    assert!(b.try_take(3, 10));
+    assert!(b.try_take(2, 60, 0));
+    assert!(b.try_take(3, 10, 0));
     b.release(70);
     assert_eq!(b.in_use(), 0);
     // Larger than the whole budget: admitted when nothing else is held.
-    assert!(b.try_take(4, 500));
-    assert!(!b.try_take(5, 1));
+    assert!(b.try_take(4, 500, 0));
+    assert!(!b.try_take(5, 1, 0));
     b.release(500);
-    assert!(b.try_take(5, 1));
+    assert!(b.try_take(5, 1, 0));
 }
 
 #[test]
@@ -278,9 +279,83 @@ fn empty_messages_take_a_fixed_overhead_from_the_publish_budget() {
     let batch: usize = (0..10_000).map(|_| publish_charge_bytes(0)).sum();
     let mut budget = BudgetCore::new(64 << 20);
     let mut admitted = 0;
-    while budget.try_take(admitted, batch) {
+    while budget.try_take(admitted, batch, 0) {
         admitted += 1;
         assert!(admitted <= 1_000, "the budget never fills");
     }
     assert_eq!(admitted as usize, (64 << 20) / batch);
+}
+
+#[test]
+fn deliveries_blocked_past_the_send_stall_timeout_close_the_connection() {
+    let limits = ClientLimits {
+        send_stall_timeout_ms: 1000,
+        ..ClientLimits::default()
+    };
+    let mut dog = Watchdog::new(&limits, 0);
+    let blocked = |now_ms: u64, since: Option<u64>| Observation {
+        send_blocked_since_ms: since,
+        ..seen(now_ms, 10, 1, false, true)
+    };
+    assert_eq!(dog.observe(blocked(500, Some(100))), Verdict::Keep);
+    assert_eq!(dog.observe(blocked(1099, Some(100))), Verdict::Keep);
+    // A call returned: blocked again from 1200 on.
+    assert_eq!(dog.observe(blocked(1150, None)), Verdict::Keep);
+    assert_eq!(dog.observe(blocked(2100, Some(1200))), Verdict::Keep);
+    assert_eq!(dog.observe(blocked(2200, Some(1200))), Verdict::SendStalled);
+}
+
+#[test]
+fn a_large_frame_is_not_read_until_its_bytes_fit_the_budget_and_its_call_claims_them() {
+    let publish = PublishConfig {
+        bytes_in_flight_max: 512 << 10,
+        ..PublishConfig::default()
+    };
+    let edge = EdgeLimits::new(
+        ClientLimits::default(),
+        &publish,
+        ConnectionCount::new(4),
+        1,
+    );
+    let conn = ConnectionUse::new(ClientLimits::default());
+    let mut stream = frame(&[40_000]); // 320 KiB
+    stream.extend(frame(&[40_000]));
+    let frame_bytes = stream.len() / 2;
+    let (g, progress) = gate(stream, 1 << 20);
+    let mut g = g.admitted(Admission::new(conn.clone(), edge.clone()));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    // Another publish holds 256 KiB: 320 KiB more do not fit, so the body is not read.
+    let other = edge
+        .budget
+        .poll_take(&mut cx, edge.budget.next_ticket(), 256 << 10);
+    let mut buf = vec![0u8; 1 << 20];
+    assert!(Pin::new(&mut g).poll_read(&mut cx, &mut buf).is_pending());
+    assert_eq!(progress.bytes.get(), 8, "only the segment table was read");
+    drop(other);
+    let mut read = 0;
+    while read < frame_bytes {
+        match Pin::new(&mut g).poll_read(&mut cx, &mut buf) {
+            Poll::Ready(Ok(n)) => read += n,
+            other => panic!("the admitted frame did not pass: {other:?}"),
+        }
+    }
+    assert_eq!(
+        edge.budget.in_use(),
+        frame_bytes,
+        "the frame's bytes are held for its call"
+    );
+    // The next large frame waits for the first to be claimed by its call.
+    assert!(Pin::new(&mut g).poll_read(&mut cx, &mut buf).is_pending());
+    assert!(
+        conn.claim_frame(frame_bytes - 10_000).is_none(),
+        "not this call's frame"
+    );
+    let claimed = conn
+        .claim_frame(frame_bytes - 100)
+        .expect("the call claims its frame");
+    assert_eq!(claimed.bytes(), frame_bytes);
+    // Claimed, but its call still holds the bytes: two frames do not fit in 512 KiB.
+    assert!(Pin::new(&mut g).poll_read(&mut cx, &mut buf).is_pending());
+    drop(claimed);
+    assert!(Pin::new(&mut g).poll_read(&mut cx, &mut buf).is_ready());
 }
