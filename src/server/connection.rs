@@ -109,6 +109,7 @@ pub async fn serve(
         access: RefCell::new(None),
     });
     let rpc = RpcSystem::new(Box::new(network), Some(broker.client));
+    let disconnector = rpc.get_disconnector();
     let ended = futures_lite::future::or(
         async {
             match rpc.await {
@@ -122,6 +123,11 @@ pub async fn serve(
     // The RPC system is dropped: end the tasks that wait on this connection's `deliver` calls
     // (they hold its state, and with it its subscriptions and their copies) and their streams.
     send.close();
+    // Breaks every call still waiting on this connection and releases every capability it
+    // exported, at the first poll: a watchdog's verdict drops the RPC system unfinished, and a
+    // subscription whose `deliver` call can never be answered stayed alive with its copies. Safe
+    // only now that the RPC system (and its message loop) is gone.
+    let _ = futures_lite::future::poll_once(disconnector).await;
     if let Some(why) = ended {
         tracing::debug!(shard = shard.id, peer, "connection closed: {why}");
     }
