@@ -59,6 +59,8 @@ pub enum WireError {
     ListTooLong { field: &'static str, len: usize },
     #[error("{field}: node id 0 is not a node")]
     ZeroNodeId { field: &'static str },
+    #[error("refusal reason {reason} is local to a node and never sent")]
+    LocalReason { reason: RefusalReason },
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -293,6 +295,12 @@ pub enum RefusalReason {
     UnknownNode,
     VersionUnsupported,
     SameNodeId,
+    /// The peer's TLS certificate names another node than its `Hello` claims.
+    CertificateMismatch,
+    /// The TLS handshake failed (wrong CA, no client certificate, another member's certificate
+    /// on the dialing side, a peer without TLS). Local only: never in a `HelloReply`, there is
+    /// no channel to send it on.
+    Tls,
 }
 
 impl RefusalReason {
@@ -304,17 +312,22 @@ impl RefusalReason {
             RefusalReason::UnknownNode => "unknownNode",
             RefusalReason::VersionUnsupported => "versionUnsupported",
             RefusalReason::SameNodeId => "sameNodeId",
+            RefusalReason::CertificateMismatch => "certificateMismatch",
+            RefusalReason::Tls => "tls",
         }
     }
 
-    fn to_wire(self) -> WireRefusalReason {
-        match self {
+    /// The schema's enumerant; `None` for a local-only reason.
+    fn to_wire(self) -> Option<WireRefusalReason> {
+        Some(match self {
             RefusalReason::ShardCountMismatch => WireRefusalReason::ShardCountMismatch,
             RefusalReason::MembersMismatch => WireRefusalReason::MembersMismatch,
             RefusalReason::UnknownNode => WireRefusalReason::UnknownNode,
             RefusalReason::VersionUnsupported => WireRefusalReason::VersionUnsupported,
             RefusalReason::SameNodeId => WireRefusalReason::SameNodeId,
-        }
+            RefusalReason::CertificateMismatch => WireRefusalReason::CertificateMismatch,
+            RefusalReason::Tls => return None,
+        })
     }
 
     fn from_wire(reason: WireRefusalReason) -> RefusalReason {
@@ -324,6 +337,7 @@ impl RefusalReason {
             WireRefusalReason::UnknownNode => RefusalReason::UnknownNode,
             WireRefusalReason::VersionUnsupported => RefusalReason::VersionUnsupported,
             WireRefusalReason::SameNodeId => RefusalReason::SameNodeId,
+            WireRefusalReason::CertificateMismatch => RefusalReason::CertificateMismatch,
         }
     }
 }
@@ -351,8 +365,11 @@ impl HelloReply {
         match self {
             HelloReply::Accepted => root.set_accepted(()),
             HelloReply::Refused(refusal) => {
+                let reason = refusal.reason.to_wire().ok_or(WireError::LocalReason {
+                    reason: refusal.reason,
+                })?;
                 let mut refused = root.init_refused();
-                refused.set_reason(refusal.reason.to_wire());
+                refused.set_reason(reason);
                 refused.set_detail(refusal.detail.as_str());
             }
         }

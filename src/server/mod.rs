@@ -106,7 +106,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         _ => Some(exclusive::lock_data_dir(&config.server.data_dir)?),
     };
     // Every TLS file is read and checked before anything listens: a bad one stops start-up.
-    let security = crate::security::Security::from_config(&config.security)?;
+    let security = crate::security::Security::from_config(&config)?;
     ensure_ports_free(&config)?;
     let listen = resolve_port(config.server.listen)?;
     let ops = Ops {
@@ -336,7 +336,8 @@ async fn shard_main(
         return fail(format!("cannot read group policies: {e}"));
     }
     if let Some(outbox) = outbox {
-        if let Err(e) = start_cluster(&shard, &config, outbox) {
+        let node_tls = topology.security.node.clone();
+        if let Err(e) = start_cluster(&shard, &config, node_tls, outbox) {
             return fail(e);
         }
     }
@@ -517,6 +518,7 @@ const APPEND_MESSAGES_IN_FLIGHT: usize = 256;
 fn start_cluster(
     shard: &Rc<Shard>,
     config: &Config,
+    node_tls: Option<Arc<crate::security::node::NodeTls>>,
     outbox: LocalReceiver<Vec<raft::eraftpb::Message>>,
 ) -> Result<(), String> {
     let raft_out = shard.clone().raft_out_loop(outbox);
@@ -536,12 +538,13 @@ fn start_cluster(
                 shard.route_from_peer(to_shard as usize, message);
             }
         });
-    let transport = Transport::start(cluster, shard.count as u32, inbound).map_err(|e| {
-        format!(
-            "cannot start the cluster transport on {}: {e}",
-            cluster.raft_listen
-        )
-    })?;
+    let transport =
+        Transport::start(cluster, shard.count as u32, node_tls, inbound).map_err(|e| {
+            format!(
+                "cannot start the cluster transport on {}: {e}",
+                cluster.raft_listen
+            )
+        })?;
     *shard.transport.borrow_mut() = Some(transport.clone());
     if let Some(view) = shard.cluster.clone() {
         glommio::spawn_local(async move {
