@@ -217,12 +217,27 @@ fn three_nodes_with_node_tls_elect_a_leader_and_serve_a_durable_publish() {
     let pki = make_pki();
     let cluster = start_with_certs(pki.path(), ["node1", "node2", "node3"]);
     publish_and_consume(&cluster, &[1, 2, 3], "tls-all");
-    for id in [2, 3] {
-        wait_for_log_line(
-            &cluster,
-            id,
-            &["connected to peer"],
-            Duration::from_secs(10),
+    // Every member sees every other connected, and none refused anyone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for id in 1..=3 {
+        loop {
+            let all = cluster
+                .status(id, Duration::from_secs(1))
+                .is_some_and(|s| s.nodes.len() == 3 && s.nodes.iter().all(|n| n.reachable));
+            if all {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} does not see all peers"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let lines = cluster.server(id).drain_output();
+        assert!(
+            !lines.iter().any(|l| l.contains("refused")),
+            "node {id}:\n{}",
+            lines.join("\n")
         );
     }
 }
