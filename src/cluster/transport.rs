@@ -698,6 +698,18 @@ async fn establish(
                 }
                 None => ConnectionEnd::Io(e),
             },
+            ConnectionEnd::Wire(e @ WireError::TlsRecord) => {
+                inner.record_refusal(RefusalEvent {
+                    peer: dialed,
+                    peer_addr,
+                    by_us: true,
+                    refusal: HandshakeRefusal {
+                        reason: RefusalReason::Tls,
+                        detail: e.to_string(),
+                    },
+                });
+                ConnectionEnd::Refused
+            }
             other => other,
         })
 }

@@ -59,6 +59,8 @@ pub enum WireError {
     ListTooLong { field: &'static str, len: usize },
     #[error("{field}: node id 0 is not a node")]
     ZeroNodeId { field: &'static str },
+    #[error("the peer speaks TLS (a TLS record where a frame was expected): it has [cluster.tls], this node does not")]
+    TlsRecord,
     #[error("refusal reason {reason} is local to a node and never sent")]
     LocalReason { reason: RefusalReason },
 }
@@ -83,6 +85,11 @@ pub fn segment_table_bytes(prefix: [u8; FRAME_PREFIX_BYTES]) -> Result<usize, Wi
         prefix[0], prefix[1], prefix[2], prefix[3],
     ])) + 1;
     if count > FRAME_SEGMENTS_MAX as u64 {
+        // Either way the frame is refused; a TLS record's header (content type 20..=23, major
+        // version 3) says why, for a node without [cluster.tls] talking to one with it.
+        if (20..=23).contains(&prefix[0]) && prefix[1] == 3 {
+            return Err(WireError::TlsRecord);
+        }
         return Err(WireError::SegmentCount { count });
     }
     // 4 bytes of count, 4 per segment, padded to a word.

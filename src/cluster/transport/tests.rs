@@ -573,23 +573,25 @@ fn nodes_with_tls_connect_and_exchange_messages() {
 }
 
 #[test]
-fn a_plain_node_is_refused_by_a_tls_node_saying_why() {
+fn a_plain_node_and_a_tls_node_refuse_each_other_saying_why() {
     let pki = make_pki();
     let dir = pki.path().to_owned();
     run(move || async move {
         let addrs = free_addrs(2);
-        let c2 = config(2, &addrs);
-        let (one, _) = start(&config(1, &addrs), 1);
-        let (two, _) = start_tls(&c2, 1, node_tls(&dir, &c2, "node2"));
-        until("a refusal", || !two.recent_refusals().is_empty()).await;
-        let event = &two.recent_refusals()[0];
-        assert_eq!(event.refusal.reason, RefusalReason::Tls);
-        assert!(event.by_us);
-        assert!(
-            event.refusal.detail.contains("does not speak TLS"),
-            "{}",
-            event.refusal
-        );
+        let c1 = config(1, &addrs);
+        // Node 1 (TLS) dials node 2 (plain).
+        let (one, _) = start_tls(&c1, 1, node_tls(&dir, &c1, "node1"));
+        let (two, _) = start(&config(2, &addrs), 1);
+        until("a refusal on both sides", || {
+            !one.recent_refusals().is_empty() && !two.recent_refusals().is_empty()
+        })
+        .await;
+        for (transport, expected) in [(&one, "does not speak TLS"), (&two, "speaks TLS")] {
+            let event = &transport.recent_refusals()[0];
+            assert_eq!(event.refusal.reason, RefusalReason::Tls);
+            assert!(event.by_us);
+            assert!(event.refusal.detail.contains(expected), "{}", event.refusal);
+        }
         assert!(!all_reachable(&one) && !all_reachable(&two));
         one.stop();
         two.stop();

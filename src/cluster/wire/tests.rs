@@ -459,3 +459,19 @@ fn an_unknown_message_type_is_a_typed_error() {
         "{err:?}"
     );
 }
+
+#[test]
+fn a_tls_record_where_a_frame_was_expected_is_named() {
+    // A TLS handshake record (ClientHello) and an alert record.
+    for prefix in [
+        [0x16, 0x03, 0x01, 0x00, 0xf8, 0x01, 0x00, 0x00],
+        [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32, 0x00],
+    ] {
+        let err = segment_table_bytes(prefix).unwrap_err();
+        assert!(matches!(err, WireError::TlsRecord), "{err}");
+        assert!(err.to_string().contains("[cluster.tls]"), "{err}");
+    }
+    // Any other oversized segment count is reported as such.
+    let err = segment_table_bytes([0xff, 0xff, 0, 0, 0, 0, 0, 0]).unwrap_err();
+    assert!(matches!(err, WireError::SegmentCount { .. }), "{err}");
+}
