@@ -4,7 +4,8 @@
 //! 127.0.0.1, so an IP would not tell them apart), and a second CA. A cluster with node TLS elects
 //! a leader and serves a durable publish and its consumption; a node with a certificate from the
 //! other CA, and a node presenting another member's certificate, are refused at the handshake
-//! with the reason in the logs while the other two keep serving. Every member is stopped by its
+//! with the reason in the logs while the other two keep serving; a missing certificate file and a
+//! key of another certificate stop `pinq serve` naming the file. Every member is stopped by its
 //! pid (the `Cluster` helper); the tests run one at a time (three brokers each on 2 cores).
 
 mod support;
@@ -294,4 +295,28 @@ fn a_node_presenting_another_members_certificate_is_refused_and_the_others_serve
         cluster.claimed_leaders(SHARD, &[1]).is_empty(),
         "the refused node leads nothing"
     );
+}
+
+#[test]
+fn a_bad_node_tls_file_stops_start_up_naming_the_file() {
+    let _serial = serial();
+    let pki = make_pki();
+    let d = pki.path();
+    let cluster = Cluster::new(1, ENV);
+    // A certificate file that is not there, then a key of another certificate.
+    let missing = tls_config(d, "missing", "node9");
+    let mismatched = d.join("mismatched.toml");
+    let text = std::fs::read_to_string(tls_config(d, "base", "node1")).expect("config");
+    std::fs::write(&mismatched, text.replace("node1.key", "node2.key")).expect("config");
+    for (config, named) in [(missing, "node9.pem"), (mismatched, "node2.key")] {
+        let mut args = vec!["serve".to_owned()];
+        args.extend(cluster.args(1, &[("--config", &config.display().to_string())]));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, out, err) = cli_within(&args, None, CLI_LIMIT);
+        assert_ne!(code, 0, "pinq serve started:\n{out}\n{err}");
+        assert!(
+            err.contains("[cluster.tls]") && err.contains(named),
+            "the error does not name {named}:\n{err}"
+        );
+    }
 }
