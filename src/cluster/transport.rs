@@ -680,36 +680,26 @@ async fn establish(
         glommio::timer::sleep(HANDSHAKE_TIMEOUT).await;
         Err(ConnectionEnd::HandshakeTimeout)
     };
+    let tls_refused = |by_us: bool, detail: String| {
+        inner.record_refusal(RefusalEvent {
+            peer: dialed,
+            peer_addr,
+            by_us,
+            refusal: HandshakeRefusal {
+                reason: RefusalReason::Tls,
+                detail,
+            },
+        });
+        ConnectionEnd::Refused
+    };
     futures_lite::future::or(work, deadline)
         .await
         .map_err(|end| match end {
             ConnectionEnd::Io(e) => match describe_tls_failure(&e) {
-                Some((by_us, detail)) => {
-                    inner.record_refusal(RefusalEvent {
-                        peer: dialed,
-                        peer_addr,
-                        by_us,
-                        refusal: HandshakeRefusal {
-                            reason: RefusalReason::Tls,
-                            detail,
-                        },
-                    });
-                    ConnectionEnd::Refused
-                }
+                Some((by_us, detail)) => tls_refused(by_us, detail),
                 None => ConnectionEnd::Io(e),
             },
-            ConnectionEnd::Wire(e @ WireError::TlsRecord) => {
-                inner.record_refusal(RefusalEvent {
-                    peer: dialed,
-                    peer_addr,
-                    by_us: true,
-                    refusal: HandshakeRefusal {
-                        reason: RefusalReason::Tls,
-                        detail: e.to_string(),
-                    },
-                });
-                ConnectionEnd::Refused
-            }
+            ConnectionEnd::Wire(e @ WireError::TlsRecord) => tls_refused(true, e.to_string()),
             other => other,
         })
 }
