@@ -105,6 +105,13 @@ enum RefusalReason {
   sameNodeId @4;
   # The peer claims the refusing node's own id: two nodes configured with one id, or a node that
   # dialed itself.
+
+  certificateMismatch @5;
+  # With `[cluster.tls]`: the peer's TLS client certificate does not name the node its `Hello`
+  # claims (neither an IP subjectAltName equal to that member's IP nor the DNS name
+  # `pinq-node-<id>`). Only a node that completed a TLS handshake can receive it, so only a
+  # build that knows it. (A failed TLS handshake itself is never sent here: it leaves no channel
+  # to send on; each side logs its own reason.)
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -599,7 +599,7 @@ fn judge(records: &Records, started: Instant) -> Findings {
     times.sort();
     let mut gaps: Vec<(Duration, Instant)> =
         times.windows(2).map(|w| (w[1] - w[0], w[0])).collect();
-    gaps.sort_by(|a, b| b.0.cmp(&a.0));
+    gaps.sort_by_key(|g| std::cmp::Reverse(g.0));
     findings.longest_publish_gap = gaps.first().map_or(Duration::ZERO, |g| g.0);
     findings.longest_gaps = gaps
         .iter()

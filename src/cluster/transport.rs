@@ -13,8 +13,18 @@
 //! peer replaces the one before (a peer that restarted dials again before the old socket's death
 //! is noticed).
 //!
+//! **TLS.** With `[cluster.tls]` every connection runs over rustls ([`crate::security::node`]):
+//! the accepting side requires a client certificate signed by `caFile`, the dialing side verifies
+//! the server's against `caFile` and the identity of the node it dialed. A failed TLS handshake
+//! (wrong CA, no certificate, another member's certificate, a peer without TLS) is a refusal with
+//! the local-only reason `tls`, logged and kept like the others; the TLS handshake and the `Hello`
+//! exchange together must finish within [`HANDSHAKE_TIMEOUT`], so a peer that connects and says
+//! nothing holds its slot no longer than that.
+//!
 //! **Handshake.** Each side sends its `Hello`, reads the other's, runs
-//! [`check_hello`] on it and sends its verdict; both verdicts must say accepted. A refusal is
+//! [`check_hello`] on it (with TLS, the accepting side also checks that the peer's certificate
+//! names the node its `Hello` claims: `certificateMismatch`) and sends its verdict; both
+//! verdicts must say accepted. A refusal is
 //! logged once per peer and reason (repeats go to debug until the connection works or the reason
 //! changes), counted, kept in [`Transport::recent_refusals`], and the connection closed. The dialer
 //! retries with exponential backoff (50 ms doubling to 2 s, with jitter from a generator seeded by
@@ -44,12 +54,14 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures_lite::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use glommio::net::{TcpListener, TcpStream};
 use raft::eraftpb::Message;
+use rustls::pki_types::CertificateDer;
 
 use super::wire::{
     check_hello, decode_frame, encode_frame, frame_bytes, message_bytes_estimate,
@@ -57,6 +69,8 @@ use super::wire::{
     FRAME_PREFIX_BYTES,
 };
 use crate::config::ClusterConfig;
+use crate::security::node::{describe_tls_failure, NodeTls};
+use crate::security::stream::{self, Stream};
 
 /// First delay before redialing a peer.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -66,6 +80,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const IDLE_ELECTION_TIMEOUTS: u32 = 10;
 /// Connections accepted and still in their handshake, at most (more are closed at once).
 const HANDSHAKES_IN_PROGRESS_MAX: usize = 16;
+/// The TLS handshake and the `Hello` exchange of a new connection must end within this; on a
+/// LAN they take milliseconds, across a WAN a few round trips.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Refusals kept for [`Transport::recent_refusals`].
 const RECENT_REFUSALS_MAX: usize = 16;
 /// Read buffer of a connection.
@@ -108,7 +125,8 @@ pub struct TransportCounters {
     pub frames_too_large: u64,
     /// Incoming frames that did not decode (each closed its connection).
     pub decode_errors: u64,
-    /// Connections closed because nothing arrived for 10 election timeouts.
+    /// Connections closed because nothing arrived for 10 election timeouts, or because their
+    /// handshake did not end within [`HANDSHAKE_TIMEOUT`].
     pub stalled_connections: u64,
     /// Connections established (both handshakes accepted).
     pub connections_established: u64,
@@ -163,6 +181,8 @@ struct Inner {
     idle_timeout: Duration,
     keepalive: Duration,
     local_addr: SocketAddr,
+    /// `[cluster.tls]`; `None`: plain TCP.
+    tls: Option<Arc<NodeTls>>,
     inbound: Rc<dyn Fn(u64, u32, Message)>,
     peers: RefCell<BTreeMap<u64, Peer>>,
     counters: Cell<TransportCounters>,
@@ -198,10 +218,11 @@ impl Transport {
     /// Binds `cluster.raftListen`, starts the accept loop and one dialer per peer with a higher
     /// id (see "Who dials"). Must run on a glommio executor; every task it starts stays there.
     /// `inbound` is called with (from node, shard, message) for each message received, in order
-    /// per peer.
+    /// per peer. `tls` is `[cluster.tls]` as read at start-up (`None`: plain TCP).
     pub fn start(
         config: &ClusterConfig,
         shard_count: u32,
+        tls: Option<Arc<NodeTls>>,
         inbound: Rc<dyn Fn(u64, u32, Message)>,
     ) -> Result<Rc<Transport>, TransportError> {
         if !config.peers.contains_key(&config.node_id) {
@@ -247,6 +268,7 @@ impl Transport {
             idle_timeout: election_timeout.saturating_mul(IDLE_ELECTION_TIMEOUTS),
             keepalive: election_timeout,
             local_addr,
+            tls,
             inbound,
             peers: RefCell::new(peers),
             counters: Cell::new(TransportCounters::default()),
@@ -519,6 +541,8 @@ enum ConnectionEnd {
     Wire(#[from] WireError),
     #[error("handshake refused")]
     Refused,
+    #[error("no handshake within {HANDSHAKE_TIMEOUT:?}")]
+    HandshakeTimeout,
     #[error("peer closed the connection")]
     Eof,
     #[error("replaced by a newer connection, or stopping")]
@@ -535,9 +559,6 @@ async fn serve_connection(inner: Rc<Inner>, stream: TcpStream, dialed: Option<u6
     // Glommio enforces these on every read and write: a silent or stuck peer ends the connection.
     let _ = stream.set_read_timeout(Some(inner.idle_timeout));
     let _ = stream.set_write_timeout(Some(inner.idle_timeout));
-    let (reader, mut writer) = futures_lite::io::split(stream);
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
-    let mut buffer = FrameBuffer::default();
 
     let accepted_side = dialed.is_none();
     if accepted_side {
@@ -545,22 +566,19 @@ async fn serve_connection(inner: Rc<Inner>, stream: TcpStream, dialed: Option<u6
             .handshakes_in_progress
             .set(inner.handshakes_in_progress.get() + 1);
     }
-    let handshake = handshake(
-        &inner,
-        &mut reader,
-        &mut writer,
-        &mut buffer,
-        dialed,
-        peer_addr,
-    )
-    .await;
+    let established = establish(&inner, stream, dialed, peer_addr).await;
     if accepted_side {
         inner
             .handshakes_in_progress
             .set(inner.handshakes_in_progress.get().saturating_sub(1));
     }
-    let theirs = match handshake {
-        Ok(theirs) => theirs,
+    let Established {
+        theirs,
+        mut reader,
+        mut writer,
+        mut buffer,
+    } = match established {
+        Ok(established) => established,
         Err(e) => {
             note_end(&inner, None, peer_addr, &e);
             return false;
@@ -593,6 +611,10 @@ async fn serve_connection(inner: Rc<Inner>, stream: TcpStream, dialed: Option<u6
 fn note_end(inner: &Inner, peer: Option<u64>, addr: SocketAddr, end: &ConnectionEnd) {
     match end {
         ConnectionEnd::Refused | ConnectionEnd::Closing => {}
+        ConnectionEnd::HandshakeTimeout => {
+            inner.count(|c| c.stalled_connections += 1);
+            tracing::info!(node = inner.node_id, ?peer, %addr, "closing a peer connection: {end}");
+        }
         ConnectionEnd::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
             inner.count(|c| c.stalled_connections += 1);
             tracing::warn!(node = inner.node_id, ?peer, %addr, "closing a stalled peer connection: nothing for {:?}", inner.idle_timeout);
@@ -615,14 +637,136 @@ fn note_end(inner: &Inner, peer: Option<u64>, addr: SocketAddr, end: &Connection
     }
 }
 
+/// A connection past its handshake: the peer's `Hello` and the stream's halves.
+struct Established {
+    theirs: Hello,
+    reader: BufReader<futures_lite::io::ReadHalf<Stream>>,
+    writer: futures_lite::io::WriteHalf<Stream>,
+    buffer: FrameBuffer,
+}
+
+/// The TLS handshake (with `[cluster.tls]`) and the `Hello` exchange, within
+/// [`HANDSHAKE_TIMEOUT`]. A TLS failure, here or surfacing as the peer's alert on the first
+/// read, is recorded as a refusal with the reason `tls`.
+async fn establish(
+    inner: &Inner,
+    stream: TcpStream,
+    dialed: Option<u64>,
+    peer_addr: SocketAddr,
+) -> Result<Established, ConnectionEnd> {
+    let work = async {
+        let stream = secure(inner, stream, dialed).await?;
+        let peer_cert = stream.peer_certificate();
+        let (reader, mut writer) = futures_lite::io::split(stream);
+        let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+        let mut buffer = FrameBuffer::default();
+        let theirs = handshake(
+            inner,
+            (&mut reader, &mut writer),
+            &mut buffer,
+            dialed,
+            peer_addr,
+            peer_cert.as_ref(),
+        )
+        .await?;
+        Ok(Established {
+            theirs,
+            reader,
+            writer,
+            buffer,
+        })
+    };
+    let deadline = async {
+        glommio::timer::sleep(HANDSHAKE_TIMEOUT).await;
+        Err(ConnectionEnd::HandshakeTimeout)
+    };
+    let tls_refused = |by_us: bool, detail: String| {
+        inner.record_refusal(RefusalEvent {
+            peer: dialed,
+            peer_addr,
+            by_us,
+            refusal: HandshakeRefusal {
+                reason: RefusalReason::Tls,
+                detail,
+            },
+        });
+        ConnectionEnd::Refused
+    };
+    futures_lite::future::or(work, deadline)
+        .await
+        .map_err(|end| match end {
+            ConnectionEnd::Io(e) => match describe_tls_failure(&e) {
+                Some((by_us, detail)) => tls_refused(by_us, detail),
+                None => ConnectionEnd::Io(e),
+            },
+            ConnectionEnd::Wire(e @ WireError::TlsRecord) => tls_refused(true, e.to_string()),
+            other => other,
+        })
+}
+
+/// The TLS handshake: the server's side on an accepted connection, the client's (checking the
+/// identity of `dialed`) on a dialed one; plain TCP without `[cluster.tls]`.
+async fn secure(
+    inner: &Inner,
+    stream: TcpStream,
+    dialed: Option<u64>,
+) -> Result<Stream, ConnectionEnd> {
+    let Some(tls) = &inner.tls else {
+        return Ok(Stream::Plain(stream));
+    };
+    // The outer deadline of `establish` is the bound; this one only has to be no shorter.
+    let stream = match dialed {
+        None => stream::accept(Some(tls.acceptor()), stream, HANDSHAKE_TIMEOUT).await?,
+        Some(peer) => {
+            let Some(dialer) = tls.dialer(peer) else {
+                return Err(ConnectionEnd::Io(io::Error::other(format!(
+                    "node {peer} is not in cluster.peers"
+                ))));
+            };
+            stream::connect(Some(dialer), stream).await?
+        }
+    };
+    Ok(stream)
+}
+
+/// This node's verdict on the peer's `Hello` (and, with TLS on the accepting side, on its
+/// certificate).
+fn verdict(
+    inner: &Inner,
+    theirs: &Hello,
+    dialed: Option<u64>,
+    peer_addr: SocketAddr,
+    peer_cert: Option<&CertificateDer<'_>>,
+) -> Result<(), HandshakeRefusal> {
+    check_hello(&inner.hello, theirs)?;
+    match (dialed, &inner.tls) {
+        (Some(expected), _) if expected != theirs.node_id => Err(HandshakeRefusal {
+            reason: RefusalReason::UnknownNode,
+            detail: format!(
+                "dialed node {expected} at {peer_addr}, node {} answered",
+                theirs.node_id
+            ),
+        }),
+        // The dialing side checked the certificate's identity in its TLS verifier.
+        (Some(_), _) | (None, None) => Ok(()),
+        (None, Some(tls)) => {
+            tls.check_peer(theirs.node_id, peer_cert)
+                .map_err(|e| HandshakeRefusal {
+                    reason: RefusalReason::CertificateMismatch,
+                    detail: e.to_string(),
+                })
+        }
+    }
+}
+
 /// Both `Hello`s and both verdicts; returns the peer's `Hello` when both sides accepted.
 async fn handshake<R, W>(
     inner: &Inner,
-    reader: &mut R,
-    writer: &mut W,
+    (reader, writer): (&mut R, &mut W),
     buffer: &mut FrameBuffer,
     dialed: Option<u64>,
     peer_addr: SocketAddr,
+    peer_cert: Option<&CertificateDer<'_>>,
 ) -> Result<Hello, ConnectionEnd>
 where
     R: AsyncRead + Unpin,
@@ -635,16 +779,7 @@ where
 
     let len = read_frame(reader, buffer, inner.max_frame_bytes).await?;
     let theirs = Hello::decode(buffer.bytes(len), inner.max_frame_bytes)?;
-    let verdict = check_hello(&inner.hello, &theirs).and_then(|()| match dialed {
-        Some(expected) if expected != theirs.node_id => Err(HandshakeRefusal {
-            reason: RefusalReason::UnknownNode,
-            detail: format!(
-                "dialed node {expected} at {peer_addr}, node {} answered",
-                theirs.node_id
-            ),
-        }),
-        _ => Ok(()),
-    });
+    let verdict = verdict(inner, &theirs, dialed, peer_addr, peer_cert);
     let reply = match &verdict {
         Ok(()) => HelloReply::Accepted,
         Err(refusal) => HelloReply::Refused(refusal.clone()),

@@ -59,6 +59,10 @@ pub enum WireError {
     ListTooLong { field: &'static str, len: usize },
     #[error("{field}: node id 0 is not a node")]
     ZeroNodeId { field: &'static str },
+    #[error("the peer speaks TLS (a TLS record where a frame was expected): it has [cluster.tls], this node does not")]
+    TlsRecord,
+    #[error("refusal reason {reason} is local to a node and never sent")]
+    LocalReason { reason: RefusalReason },
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -81,6 +85,11 @@ pub fn segment_table_bytes(prefix: [u8; FRAME_PREFIX_BYTES]) -> Result<usize, Wi
         prefix[0], prefix[1], prefix[2], prefix[3],
     ])) + 1;
     if count > FRAME_SEGMENTS_MAX as u64 {
+        // Either way the frame is refused; a TLS record's header (content type 20..=23, major
+        // version 3) says why, for a node without [cluster.tls] talking to one with it.
+        if (20..=23).contains(&prefix[0]) && prefix[1] == 3 {
+            return Err(WireError::TlsRecord);
+        }
         return Err(WireError::SegmentCount { count });
     }
     // 4 bytes of count, 4 per segment, padded to a word.
@@ -293,6 +302,12 @@ pub enum RefusalReason {
     UnknownNode,
     VersionUnsupported,
     SameNodeId,
+    /// The peer's TLS certificate names another node than its `Hello` claims.
+    CertificateMismatch,
+    /// The TLS handshake failed (wrong CA, no client certificate, another member's certificate
+    /// on the dialing side, a peer without TLS). Local only: never in a `HelloReply`, there is
+    /// no channel to send it on.
+    Tls,
 }
 
 impl RefusalReason {
@@ -304,17 +319,22 @@ impl RefusalReason {
             RefusalReason::UnknownNode => "unknownNode",
             RefusalReason::VersionUnsupported => "versionUnsupported",
             RefusalReason::SameNodeId => "sameNodeId",
+            RefusalReason::CertificateMismatch => "certificateMismatch",
+            RefusalReason::Tls => "tls",
         }
     }
 
-    fn to_wire(self) -> WireRefusalReason {
-        match self {
+    /// The schema's enumerant; `None` for a local-only reason.
+    fn to_wire(self) -> Option<WireRefusalReason> {
+        Some(match self {
             RefusalReason::ShardCountMismatch => WireRefusalReason::ShardCountMismatch,
             RefusalReason::MembersMismatch => WireRefusalReason::MembersMismatch,
             RefusalReason::UnknownNode => WireRefusalReason::UnknownNode,
             RefusalReason::VersionUnsupported => WireRefusalReason::VersionUnsupported,
             RefusalReason::SameNodeId => WireRefusalReason::SameNodeId,
-        }
+            RefusalReason::CertificateMismatch => WireRefusalReason::CertificateMismatch,
+            RefusalReason::Tls => return None,
+        })
     }
 
     fn from_wire(reason: WireRefusalReason) -> RefusalReason {
@@ -324,6 +344,7 @@ impl RefusalReason {
             WireRefusalReason::UnknownNode => RefusalReason::UnknownNode,
             WireRefusalReason::VersionUnsupported => RefusalReason::VersionUnsupported,
             WireRefusalReason::SameNodeId => RefusalReason::SameNodeId,
+            WireRefusalReason::CertificateMismatch => RefusalReason::CertificateMismatch,
         }
     }
 }
@@ -351,8 +372,11 @@ impl HelloReply {
         match self {
             HelloReply::Accepted => root.set_accepted(()),
             HelloReply::Refused(refusal) => {
+                let reason = refusal.reason.to_wire().ok_or(WireError::LocalReason {
+                    reason: refusal.reason,
+                })?;
                 let mut refused = root.init_refused();
-                refused.set_reason(refusal.reason.to_wire());
+                refused.set_reason(reason);
                 refused.set_detail(refusal.detail.as_str());
             }
         }

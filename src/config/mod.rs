@@ -409,6 +409,8 @@ pub struct ClusterConfig {
     /// `cluster.maxFrameBytes`: largest frame sent to or accepted from a peer, and the Cap'n Proto
     /// traversal limit of the reader; see [`ClusterConfig::entry_bytes_max`].
     pub max_frame_bytes: usize,
+    /// `[cluster.tls]`: mutual TLS on the Raft port; `None` (no file set) is plain TCP.
+    pub tls: Option<crate::security::node::NodeTlsFiles>,
 }
 
 /// Bytes of a frame that are not entry payload, reserved by [`ClusterConfig::entry_bytes_max`]:

@@ -1131,6 +1131,7 @@ pub enum RefusalReason {
     UnknownNode = 2,
     VersionUnsupported = 3,
     SameNodeId = 4,
+    CertificateMismatch = 5,
 }
 
 impl ::capnp::introspect::Introspect for RefusalReason {
@@ -1148,6 +1149,7 @@ impl ::core::convert::TryFrom<u16> for RefusalReason {
             2 => ::core::result::Result::Ok(Self::UnknownNode),
             3 => ::core::result::Result::Ok(Self::VersionUnsupported),
             4 => ::core::result::Result::Ok(Self::SameNodeId),
+            5 => ::core::result::Result::Ok(Self::CertificateMismatch),
             n => ::core::result::Result::Err(::capnp::NotInSchema(n)),
         }
     }
@@ -1160,7 +1162,7 @@ impl ::capnp::traits::HasTypeId for RefusalReason {
     const TYPE_ID: u64 = 0xbab2_f868_eb04_9c52u64;
 }
 mod refusal_reason {
-pub(crate) static ENCODED_NODE: [::capnp::Word; 45] = [
+pub(crate) static ENCODED_NODE: [::capnp::Word; 51] = [
     ::capnp::word(0, 0, 0, 0, 5, 0, 6, 0),
     ::capnp::word(82, 156, 4, 235, 104, 248, 178, 186),
     ::capnp::word(18, 0, 0, 0, 2, 0, 0, 0),
@@ -1170,7 +1172,7 @@ pub(crate) static ENCODED_NODE: [::capnp::Word; 45] = [
     ::capnp::word(21, 0, 0, 0, 2, 1, 0, 0),
     ::capnp::word(33, 0, 0, 0, 7, 0, 0, 0),
     ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-    ::capnp::word(29, 0, 0, 0, 127, 0, 0, 0),
+    ::capnp::word(29, 0, 0, 0, 151, 0, 0, 0),
     ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
     ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
     ::capnp::word(114, 101, 112, 108, 105, 99, 97, 116),
@@ -1178,21 +1180,24 @@ pub(crate) static ENCODED_NODE: [::capnp::Word; 45] = [
     ::capnp::word(112, 58, 82, 101, 102, 117, 115, 97),
     ::capnp::word(108, 82, 101, 97, 115, 111, 110, 0),
     ::capnp::word(0, 0, 0, 0, 1, 0, 1, 0),
-    ::capnp::word(20, 0, 0, 0, 1, 0, 2, 0),
+    ::capnp::word(24, 0, 0, 0, 1, 0, 2, 0),
     ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-    ::capnp::word(53, 0, 0, 0, 154, 0, 0, 0),
+    ::capnp::word(65, 0, 0, 0, 154, 0, 0, 0),
     ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
     ::capnp::word(1, 0, 0, 0, 0, 0, 0, 0),
-    ::capnp::word(53, 0, 0, 0, 130, 0, 0, 0),
+    ::capnp::word(65, 0, 0, 0, 130, 0, 0, 0),
     ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
     ::capnp::word(2, 0, 0, 0, 0, 0, 0, 0),
-    ::capnp::word(49, 0, 0, 0, 98, 0, 0, 0),
+    ::capnp::word(61, 0, 0, 0, 98, 0, 0, 0),
     ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
     ::capnp::word(3, 0, 0, 0, 0, 0, 0, 0),
-    ::capnp::word(45, 0, 0, 0, 154, 0, 0, 0),
+    ::capnp::word(57, 0, 0, 0, 154, 0, 0, 0),
     ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
     ::capnp::word(4, 0, 0, 0, 0, 0, 0, 0),
-    ::capnp::word(45, 0, 0, 0, 90, 0, 0, 0),
+    ::capnp::word(57, 0, 0, 0, 90, 0, 0, 0),
+    ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+    ::capnp::word(5, 0, 0, 0, 0, 0, 0, 0),
+    ::capnp::word(53, 0, 0, 0, 162, 0, 0, 0),
     ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
     ::capnp::word(115, 104, 97, 114, 100, 67, 111, 117),
     ::capnp::word(110, 116, 77, 105, 115, 109, 97, 116),
@@ -1206,6 +1211,9 @@ pub(crate) static ENCODED_NODE: [::capnp::Word; 45] = [
     ::capnp::word(101, 100, 0, 0, 0, 0, 0, 0),
     ::capnp::word(115, 97, 109, 101, 78, 111, 100, 101),
     ::capnp::word(73, 100, 0, 0, 0, 0, 0, 0),
+    ::capnp::word(99, 101, 114, 116, 105, 102, 105, 99),
+    ::capnp::word(97, 116, 101, 77, 105, 115, 109, 97),
+    ::capnp::word(116, 99, 104, 0, 0, 0, 0, 0),
 ];
 pub(crate) fn get_annotation_types(child_index: Option<u16>, index: u32) -> ::capnp::introspect::Type {
     ::capnp::introspect::panic_invalid_annotation_indices(child_index, index)

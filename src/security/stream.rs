@@ -30,6 +30,19 @@ impl<S> Stream<S> {
     pub fn is_tls(&self) -> bool {
         matches!(self, Stream::Tls(_))
     }
+
+    /// The peer's end-entity certificate, when it presented one over TLS.
+    pub fn peer_certificate(&self) -> Option<rustls::pki_types::CertificateDer<'static>> {
+        match self {
+            Stream::Plain(_) => None,
+            Stream::Tls(tls) => tls
+                .get_ref()
+                .1
+                .peer_certificates()?
+                .first()
+                .map(|cert| cert.clone().into_owned()),
+        }
+    }
 }
 
 /// Does the server's side of the TLS handshake (none without `tls`) within `deadline`.

@@ -35,6 +35,9 @@ pub enum TlsError {
     KeyMismatch { cert: PathBuf, key: PathBuf },
     #[error("TLS configuration: {0}")]
     Config(String),
+    /// A `[cluster.tls]` file (the node-to-node port).
+    #[error("[cluster.tls] {0}")]
+    Cluster(Box<TlsError>),
 }
 
 fn file_error(path: &Path, what: impl Into<String>) -> TlsError {
@@ -102,7 +105,11 @@ pub fn server_not_after_s(files: &TlsFiles) -> Result<i64, TlsError> {
 }
 
 /// Refuses a certificate outside its validity period at `now_s`.
-fn check_valid_now(path: &Path, cert: &CertificateDer<'_>, now_s: i64) -> Result<(), TlsError> {
+pub(crate) fn check_valid_now(
+    path: &Path,
+    cert: &CertificateDer<'_>,
+    now_s: i64,
+) -> Result<(), TlsError> {
     let v = validity(path, cert)?;
     if now_s > v.not_after_s {
         return Err(file_error(
@@ -130,7 +137,7 @@ pub fn unix_now_s() -> i64 {
 }
 
 /// Roots made of every certificate in a PEM file.
-fn roots_from(path: &Path) -> Result<RootCertStore, TlsError> {
+pub(crate) fn roots_from(path: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for cert in load_certs(path)? {
         roots
@@ -163,14 +170,21 @@ pub fn server_config(files: &TlsFiles, now_s: i64) -> Result<Arc<ServerConfig>, 
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let config = builder.with_single_cert(certs, key).map_err(|e| match e {
-        rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
-            cert: files.cert_file.clone(),
-            key: files.key_file.clone(),
-        },
-        other => file_error(&files.key_file, other.to_string()),
-    })?;
+    let config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| single_cert_error(e, &files.cert_file, &files.key_file))?;
     Ok(Arc::new(config))
+}
+
+/// rustls' refusal of a certificate and key pair, naming the files.
+pub(crate) fn single_cert_error(error: rustls::Error, cert: &Path, key: &Path) -> TlsError {
+    match error {
+        rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+        },
+        other => file_error(key, other.to_string()),
+    }
 }
 
 /// What a client needs to speak TLS to a broker.
@@ -208,13 +222,7 @@ pub fn client_config(files: &ClientTlsFiles) -> Result<Arc<ClientConfig>, TlsErr
         (None, None) => builder.with_no_client_auth(),
         (Some(cert), Some(key)) => builder
             .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
-            .map_err(|e| match e {
-                rustls::Error::InconsistentKeys(_) => TlsError::KeyMismatch {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                },
-                other => file_error(key, other.to_string()),
-            })?,
+            .map_err(|e| single_cert_error(e, cert, key))?,
         _ => {
             return Err(TlsError::Config(
                 "a client certificate needs both --tls-cert and --tls-key".into(),

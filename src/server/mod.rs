@@ -88,7 +88,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         _ => Some(exclusive::lock_data_dir(&config.server.data_dir)?),
     };
     // Every TLS file is read and checked before anything listens: a bad one stops start-up.
-    let security = crate::security::Security::from_config(&config.security)?;
+    let security = crate::security::Security::from_config(&config)?;
     ensure_ports_free(&config)?;
     let listen = resolve_port(config.server.listen)?;
     let mut slots = MetricsSlots::new(count);
@@ -435,7 +435,8 @@ async fn open_shard(
         .await
         .map_err(|e| format!("cannot read group policies: {e}"))?;
     if let Some(outbox) = outbox {
-        start_cluster(&shard, config, outbox)?;
+        let node_tls = start.topology.security.node.clone();
+        start_cluster(&shard, config, node_tls, outbox)?;
     }
     Ok((shard, (dispatcher_kicks, deleter_kicks)))
 }
@@ -620,6 +621,7 @@ const APPEND_MESSAGES_IN_FLIGHT: usize = 256;
 fn start_cluster(
     shard: &Rc<Shard>,
     config: &Config,
+    node_tls: Option<Arc<crate::security::node::NodeTls>>,
     outbox: LocalReceiver<Vec<raft::eraftpb::Message>>,
 ) -> Result<(), String> {
     let raft_out = shard.clone().raft_out_loop(outbox);
@@ -639,12 +641,13 @@ fn start_cluster(
                 shard.route_from_peer(to_shard as usize, message);
             }
         });
-    let transport = Transport::start(cluster, shard.count as u32, inbound).map_err(|e| {
-        format!(
-            "cannot start the cluster transport on {}: {e}",
-            cluster.raft_listen
-        )
-    })?;
+    let transport =
+        Transport::start(cluster, shard.count as u32, node_tls, inbound).map_err(|e| {
+            format!(
+                "cannot start the cluster transport on {}: {e}",
+                cluster.raft_listen
+            )
+        })?;
     *shard.transport.borrow_mut() = Some(transport.clone());
     if let Some(view) = shard.cluster.clone() {
         glommio::spawn_local(async move {

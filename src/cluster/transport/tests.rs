@@ -61,15 +61,25 @@ fn config(node_id: u64, addrs: &[SocketAddr]) -> ClusterConfig {
         log_retain_entries: 1000,
         outbound_queue_messages: 1024,
         max_frame_bytes: 1 << 20,
+        tls: None,
     }
 }
 
 fn start(config: &ClusterConfig, shard_count: u32) -> (Rc<Transport>, Received) {
+    start_tls(config, shard_count, None)
+}
+
+fn start_tls(
+    config: &ClusterConfig,
+    shard_count: u32,
+    tls: Option<Arc<NodeTls>>,
+) -> (Rc<Transport>, Received) {
     let received: Received = Rc::default();
     let sink = received.clone();
     let transport = Transport::start(
         config,
         shard_count,
+        tls,
         Rc::new(move |from, shard, message| sink.borrow_mut().push((from, shard, message))),
     )
     .unwrap();
@@ -426,7 +436,7 @@ fn a_second_transport_on_the_same_port_fails_to_start() {
     run(|| async {
         let addrs = free_addrs(1);
         let (one, _) = start(&config(1, &addrs), 1);
-        let err = Transport::start(&config(1, &addrs), 1, Rc::new(|_, _, _| {}))
+        let err = Transport::start(&config(1, &addrs), 1, None, Rc::new(|_, _, _| {}))
             .err()
             .unwrap();
         assert!(matches!(err, TransportError::Bind { .. }), "{err}");
@@ -455,4 +465,184 @@ fn backoff_jitter_stays_within_half_and_whole() {
         .map(|_| Jitter::new(3, 4).spread(BACKOFF_MAX))
         .collect();
     assert_eq!(a, b);
+}
+
+// ---------------------------------------------------------------------------------------------
+// With `[cluster.tls]`: certificates made by the `openssl` program.
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA (`ca.pem`) and `node1`, `node2` certificates signed by it, naming `pinq-node-<id>`.
+fn make_pki() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca",
+    ]);
+    openssl(d, &ca);
+    for id in 1..=2 {
+        let (key, csr, pem, ext) = (
+            format!("node{id}.key"),
+            format!("node{id}.csr"),
+            format!("node{id}.pem"),
+            format!("node{id}.ext"),
+        );
+        std::fs::write(
+            d.join(&ext),
+            format!("subjectAltName=DNS:pinq-node-{id}\nextendedKeyUsage=serverAuth,clientAuth\n"),
+        )
+        .unwrap();
+        let subj = format!("/CN=pinq-node-{id}");
+        let mut req = vec!["req"];
+        req.extend(ec);
+        req.extend(["-keyout", &key, "-out", &csr, "-subj", &subj]);
+        openssl(d, &req);
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+    }
+    dir
+}
+
+/// Node TLS for `config`'s node, presenting certificate `cert` (`node1` or `node2`).
+fn node_tls(pki: &std::path::Path, config: &ClusterConfig, cert: &str) -> Option<Arc<NodeTls>> {
+    let files = crate::security::node::NodeTlsFiles {
+        cert_file: pki.join(format!("{cert}.pem")),
+        key_file: pki.join(format!("{cert}.key")),
+        ca_file: pki.join("ca.pem"),
+    };
+    let now = crate::security::tls::unix_now_s();
+    let (tls, _) = NodeTls::from_files(&files, config.node_id, &config.peers, now).unwrap();
+    Some(Arc::new(tls))
+}
+
+#[test]
+fn nodes_with_tls_connect_and_exchange_messages() {
+    let pki = make_pki();
+    let dir = pki.path().to_owned();
+    run(move || async move {
+        let addrs = free_addrs(2);
+        let (c1, c2) = (config(1, &addrs), config(2, &addrs));
+        let (one, _) = start_tls(&c1, 1, node_tls(&dir, &c1, "node1"));
+        let (two, received) = start_tls(&c2, 1, node_tls(&dir, &c2, "node2"));
+        until("connected", || all_reachable(&one) && all_reachable(&two)).await;
+        one.send(2, 0, heartbeat(1, 2, 7));
+        until("a heartbeat", || received.borrow().len() == 1).await;
+        assert_eq!(received.borrow()[0].2.term, 7);
+        assert!(one.recent_refusals().is_empty() && two.recent_refusals().is_empty());
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
+fn a_plain_node_and_a_tls_node_refuse_each_other_saying_why() {
+    let pki = make_pki();
+    let dir = pki.path().to_owned();
+    run(move || async move {
+        let addrs = free_addrs(2);
+        let c1 = config(1, &addrs);
+        // Node 1 (TLS) dials node 2 (plain).
+        let (one, _) = start_tls(&c1, 1, node_tls(&dir, &c1, "node1"));
+        let (two, _) = start(&config(2, &addrs), 1);
+        until("a refusal on both sides", || {
+            !one.recent_refusals().is_empty() && !two.recent_refusals().is_empty()
+        })
+        .await;
+        for (transport, expected) in [(&one, "does not speak TLS"), (&two, "speaks TLS")] {
+            let event = &transport.recent_refusals()[0];
+            assert_eq!(event.refusal.reason, RefusalReason::Tls);
+            assert!(event.by_us);
+            assert!(event.refusal.detail.contains(expected), "{}", event.refusal);
+        }
+        assert!(!all_reachable(&one) && !all_reachable(&two));
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
+fn a_node_presenting_another_members_certificate_is_refused_on_both_sides() {
+    let pki = make_pki();
+    let dir = pki.path().to_owned();
+    run(move || async move {
+        let addrs = free_addrs(2);
+        let (c1, c2) = (config(1, &addrs), config(2, &addrs));
+        // Node 1 dials node 2 presenting node 2's own certificate.
+        let (one, _) = start_tls(&c1, 1, node_tls(&dir, &c1, "node2"));
+        let (two, _) = start_tls(&c2, 1, node_tls(&dir, &c2, "node2"));
+        until("refusals", || {
+            !one.recent_refusals().is_empty() && !two.recent_refusals().is_empty()
+        })
+        .await;
+        let refused = &two.recent_refusals()[0];
+        assert_eq!(refused.peer, Some(1));
+        assert!(refused.by_us);
+        assert_eq!(refused.refusal.reason, RefusalReason::CertificateMismatch);
+        assert!(
+            refused.refusal.detail.contains("names DNS:pinq-node-2"),
+            "{}",
+            refused.refusal
+        );
+        let told = &one.recent_refusals()[0];
+        assert!(!told.by_us);
+        assert_eq!(told.refusal.reason, RefusalReason::CertificateMismatch);
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
+fn a_silent_connection_to_a_tls_node_is_closed() {
+    let pki = make_pki();
+    let dir = pki.path().to_owned();
+    run(move || async move {
+        let addrs = free_addrs(2);
+        let c2 = config(2, &addrs);
+        let (two, _) = start_tls(&c2, 1, node_tls(&dir, &c2, "node2"));
+        let mut stream = raw_connect(addrs[1]).await;
+        // No ClientHello: the read timeout (500 ms here) or HANDSHAKE_TIMEOUT ends it.
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+        until("counted", || two.counters().stalled_connections == 1).await;
+        assert_eq!(two.counters().connections_established, 0);
+        two.stop();
+    });
 }

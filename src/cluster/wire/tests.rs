@@ -200,11 +200,33 @@ fn hello_and_replies_round_trip() {
             reason: RefusalReason::SameNodeId,
             detail: String::new(),
         }),
+        HelloReply::Refused(HandshakeRefusal {
+            reason: RefusalReason::CertificateMismatch,
+            detail: "names DNS:pinq-node-2".to_owned(),
+        }),
     ] {
         let mut bytes = Vec::new();
         reply.encode(&mut bytes).unwrap();
         assert_eq!(HelloReply::decode(&bytes, MAX).unwrap(), reply);
     }
+}
+
+#[test]
+fn a_local_only_refusal_reason_is_never_encoded() {
+    let reply = HelloReply::Refused(HandshakeRefusal {
+        reason: RefusalReason::Tls,
+        detail: "no TLS".to_owned(),
+    });
+    let err = reply.encode(&mut Vec::new()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            WireError::LocalReason {
+                reason: RefusalReason::Tls
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -220,6 +242,7 @@ fn hello_from_config_uses_the_configured_address_not_a_wildcard() {
         log_retain_entries: 100,
         outbound_queue_messages: 16,
         max_frame_bytes: MAX,
+        tls: None,
     };
     let h = Hello::new(&config, 3);
     assert_eq!(h.raft_addr.to_string(), "10.0.0.2:7102");
@@ -435,4 +458,20 @@ fn an_unknown_message_type_is_a_typed_error() {
         ),
         "{err:?}"
     );
+}
+
+#[test]
+fn a_tls_record_where_a_frame_was_expected_is_named() {
+    // A TLS handshake record (ClientHello) and an alert record.
+    for prefix in [
+        [0x16, 0x03, 0x01, 0x00, 0xf8, 0x01, 0x00, 0x00],
+        [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32, 0x00],
+    ] {
+        let err = segment_table_bytes(prefix).unwrap_err();
+        assert!(matches!(err, WireError::TlsRecord), "{err}");
+        assert!(err.to_string().contains("[cluster.tls]"), "{err}");
+    }
+    // Any other oversized segment count is reported as such.
+    let err = segment_table_bytes([0xff, 0xff, 0, 0, 0, 0, 0, 0]).unwrap_err();
+    assert!(matches!(err, WireError::SegmentCount { .. }), "{err}");
 }

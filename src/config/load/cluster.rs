@@ -12,6 +12,7 @@
 use super::*;
 
 use super::super::{ClusterConfig, FRAME_OVERHEAD_BYTES};
+use crate::security::node::NodeTlsFiles;
 
 /// Default `cluster.tickInterval`: with 2 heartbeat and 10 election ticks, a follower campaigns
 /// 500 ms to 1 s after its leader went silent.
@@ -32,7 +33,7 @@ const MAX_FRAME_BYTES_LIMIT: u64 = 1 << 30;
 const MEMBERS_LIMIT: usize = 64;
 
 /// The keys of `[cluster]` besides `nodeId`, in the order a missing one is reported.
-const DEPENDENT_KEYS: [&str; 9] = [
+const DEPENDENT_KEYS: [&str; 12] = [
     "raftListen",
     "peers",
     "advertise",
@@ -42,6 +43,16 @@ const DEPENDENT_KEYS: [&str; 9] = [
     "logRetainEntries",
     "outboundQueueMessages",
     "maxFrameBytes",
+    "tlsCertFile",
+    "tlsKeyFile",
+    "tlsCaFile",
+];
+
+/// The `[cluster.tls]` keys as flattened, with their names inside the table.
+const TLS_KEYS: [(&str, &str); 3] = [
+    ("cluster.tlsCertFile", "certFile"),
+    ("cluster.tlsKeyFile", "keyFile"),
+    ("cluster.tlsCaFile", "caFile"),
 ];
 
 impl ConfigLoader {
@@ -198,9 +209,54 @@ impl ConfigLoader {
             log_retain_entries,
             outbound_queue_messages,
             max_frame_bytes,
+            tls: self.cluster_tls(&raw.tls_cert_file, &raw.tls_key_file, &raw.tls_ca_file)?,
         };
         self.check_cluster_ports(&cluster, server)?;
         Ok(Some(cluster))
+    }
+
+    /// `[cluster.tls]`: all three files or none; the first one missing is named. The files are
+    /// read and checked when the server starts (`crate::security::node`), not here.
+    fn cluster_tls(
+        &self,
+        cert_file: &Option<String>,
+        key_file: &Option<String>,
+        ca_file: &Option<String>,
+    ) -> Result<Option<NodeTlsFiles>, ConfigError> {
+        let path = |value: &Option<String>| {
+            value
+                .as_deref()
+                .map(str::trim)
+                .filter(|text| !text.is_empty())
+                .map(PathBuf::from)
+        };
+        let files = [path(cert_file), path(key_file), path(ca_file)];
+        let Some(set) = files.iter().position(Option::is_some) else {
+            return Ok(None);
+        };
+        let missing: Vec<String> = files
+            .iter()
+            .zip(TLS_KEYS)
+            .filter(|(file, _)| file.is_none())
+            .map(|(_, (_, name))| format!("cluster.tls.{name}"))
+            .collect();
+        if !missing.is_empty() {
+            return Err(self.invalid(
+                TLS_KEYS[set].0,
+                format!(
+                    "needs {} too: node TLS takes certFile, keyFile and caFile, or none of them",
+                    missing.join(" and ")
+                ),
+            ));
+        }
+        let [Some(cert_file), Some(key_file), Some(ca_file)] = files else {
+            return Ok(None);
+        };
+        Ok(Some(NodeTlsFiles {
+            cert_file,
+            key_file,
+            ca_file,
+        }))
     }
 
     /// Parses `ID=IP:PORT` members; ids and addresses unique, at least one member.

@@ -159,9 +159,9 @@ impl ConfigError {
     }
 }
 
-/// `[server.tls]` as the flat keys `server.tlsCertFile`, `server.tlsKeyFile`,
-/// `server.tlsClientCaFile`; other entries pass through. An unknown key inside it is refused
-/// with its dotted name (`server.tls.certfile`).
+/// `[server.tls]` and `[cluster.tls]` as flat keys (`server.tlsCertFile`, `cluster.tlsCaFile`,
+/// …); other entries pass through. An unknown key inside one is refused with its dotted name
+/// (`server.tls.certfile`).
 fn flatten_tls(
     section: &str,
     entries: toml::Table,
@@ -169,8 +169,13 @@ fn flatten_tls(
 ) -> Result<Vec<(String, toml::Value)>, ConfigError> {
     let mut out = Vec::with_capacity(entries.len());
     for (key, value) in entries {
-        match (section, key.as_str(), value) {
-            ("server", "tls", toml::Value::Table(tls)) => {
+        let takes = match section {
+            "server" => "certFile, keyFile, clientCaFile",
+            "cluster" => "certFile, keyFile, caFile",
+            _ => "",
+        };
+        match (key.as_str(), value) {
+            ("tls", toml::Value::Table(tls)) if !takes.is_empty() => {
                 for (inner, value) in tls {
                     let mut chars = inner.chars();
                     let flat = match chars.next() {
@@ -179,17 +184,17 @@ fn flatten_tls(
                         }
                         None => "tls".to_owned(),
                     };
-                    if known_key("server", &flat).is_none() {
+                    if known_key(section, &flat).is_none() {
                         return Err(ConfigError::UnknownKey {
-                            key: format!("server.tls.{inner}"),
+                            key: format!("{section}.tls.{inner}"),
                             origin: origin.clone(),
-                            hint: " (server.tls takes certFile, keyFile, clientCaFile)".into(),
+                            hint: format!(" ({section}.tls takes {takes})"),
                         });
                     }
                     out.push((flat, value));
                 }
             }
-            (_, _, value) => out.push((key, value)),
+            (_, value) => out.push((key, value)),
         }
     }
     Ok(out)

@@ -133,6 +133,10 @@ pub(super) struct RawCluster {
     pub(super) log_retain_entries: Option<u64>,
     pub(super) outbound_queue_messages: Option<u64>,
     pub(super) max_frame_bytes: Option<ByteSizeValue>,
+    // `[cluster.tls]` keys, flattened like `[server.tls]` (`PINQ_CLUSTER_TLS_CERT_FILE`).
+    pub(super) tls_cert_file: Option<String>,
+    pub(super) tls_key_file: Option<String>,
+    pub(super) tls_ca_file: Option<String>,
 }
 
 /// The section names (`delivery`, …).

@@ -38,7 +38,7 @@ impl Config {
                      electionTicks = {}\n\
                      logRetainEntries = {}\n\
                      outboundQueueMessages = {}\n\
-                     maxFrameBytes = {}\n",
+                     maxFrameBytes = {}\n{}",
                     c.node_id,
                     text(&c.raft_listen.to_string()),
                     peers.join(", "),
@@ -49,6 +49,7 @@ impl Config {
                     c.log_retain_entries,
                     c.outbound_queue_messages,
                     bytes(c.max_frame_bytes as u64),
+                    render_cluster_tls(c.tls.as_ref()),
                 )
             }
         };
@@ -157,6 +158,20 @@ impl Config {
             bytes(st.wal_bytes_max),
         )
     }
+}
+
+/// `[cluster.tls]`, when set (right after `[cluster]`'s keys, as a sub-table of it).
+fn render_cluster_tls(tls: Option<&crate::security::node::NodeTlsFiles>) -> String {
+    let Some(tls) = tls else {
+        return String::new();
+    };
+    let path = |p: &std::path::Path| toml::Value::String(p.to_string_lossy().into()).to_string();
+    format!(
+        "\n[cluster.tls]\ncertFile = {}\nkeyFile = {}\ncaFile = {}\n",
+        path(&tls.cert_file),
+        path(&tls.key_file),
+        path(&tls.ca_file)
+    )
 }
 
 /// `[server.tls]` and `[[auth.tokens]]`, when set (the token hashes, never a secret).

@@ -53,6 +53,9 @@ fn example_file_mentions_every_key() {
             ("server", "tlsCertFile") => ("server.tls", "certFile"),
             ("server", "tlsKeyFile") => ("server.tls", "keyFile"),
             ("server", "tlsClientCaFile") => ("server.tls", "clientCaFile"),
+            ("cluster", "tlsCertFile") => ("cluster.tls", "certFile"),
+            ("cluster", "tlsKeyFile") => ("cluster.tls", "keyFile"),
+            ("cluster", "tlsCaFile") => ("cluster.tls", "caFile"),
             ("auth", "tokens") => ("auth.tokens", "sha256"),
             other => other,
         };
@@ -120,7 +123,25 @@ fn section_keys_are_read_from_the_raw_structs() {
             "tlsClientCaFile"
         ]
     );
-    assert_eq!(all_keys().len(), 21 + 7 + 18 + 4 + 10 + 1);
+    assert_eq!(
+        section_keys("cluster").unwrap(),
+        &[
+            "nodeId",
+            "raftListen",
+            "peers",
+            "advertise",
+            "tickInterval",
+            "heartbeatTicks",
+            "electionTicks",
+            "logRetainEntries",
+            "outboundQueueMessages",
+            "maxFrameBytes",
+            "tlsCertFile",
+            "tlsKeyFile",
+            "tlsCaFile"
+        ]
+    );
+    assert_eq!(all_keys().len(), 21 + 7 + 18 + 4 + 13 + 1);
 }
 
 #[test]
@@ -222,6 +243,9 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
             "server.tlsCertFile",
             "server.tlsKeyFile",
             "server.tlsClientCaFile",
+            "cluster.tlsCertFile",
+            "cluster.tlsKeyFile",
+            "cluster.tlsCaFile",
             "auth.tokens",
         ];
         // cluster.nodeId = 0 has its own message (Raft's "no node"): tested below.
@@ -547,6 +571,9 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_SERVER_TLS_CERT_FILE", "/etc/pinq/server.pem"),
         ("PINQ_SERVER_TLS_KEY_FILE", "/etc/pinq/server.key"),
         ("PINQ_SERVER_TLS_CLIENT_CA_FILE", "/etc/pinq/ca.pem"),
+        ("PINQ_CLUSTER_TLS_CERT_FILE", "/etc/pinq/node2.pem"),
+        ("PINQ_CLUSTER_TLS_KEY_FILE", "/etc/pinq/node2.key"),
+        ("PINQ_CLUSTER_TLS_CA_FILE", "/etc/pinq/cluster-ca.pem"),
     ];
     // `[[auth.tokens]]` is a list of tables: only a config file sets it.
     let keys: Vec<_> = all_keys()
@@ -639,6 +666,11 @@ fn every_key_can_be_set_from_its_environment_variable() {
             log_retain_entries: 5000,
             outbound_queue_messages: 128,
             max_frame_bytes: 8 << 20,
+            tls: Some(crate::security::node::NodeTlsFiles {
+                cert_file: PathBuf::from("/etc/pinq/node2.pem"),
+                key_file: PathBuf::from("/etc/pinq/node2.key"),
+                ca_file: PathBuf::from("/etc/pinq/cluster-ca.pem"),
+            }),
         }),
         security: SecurityConfig {
             tls: Some(crate::security::tls::TlsFiles {
@@ -849,7 +881,7 @@ fn the_example_file_shows_every_cluster_key_with_its_default() {
         .lines()
         .map(|line| {
             line.strip_prefix("# ")
-                .filter(|rest| rest.contains(" = "))
+                .filter(|rest| rest.contains(" = ") || *rest == "[cluster.tls]")
                 .unwrap_or(line)
         })
         .filter(|line| !line.starts_with('#'))
@@ -867,6 +899,8 @@ fn the_example_file_shows_every_cluster_key_with_its_default() {
     );
     assert_eq!(cluster.max_frame_bytes, defaults.max_frame_bytes);
     assert_eq!(cluster.peers, defaults.peers);
+    let tls = cluster.tls.expect("the example shows [cluster.tls]");
+    assert_eq!(tls.ca_file, PathBuf::from("/etc/pinq/cluster-ca.pem"));
 }
 
 #[test]
@@ -1161,4 +1195,53 @@ fn bad_tls_and_token_settings_are_refused_by_key() {
     assert!(error_from_toml(&twice).to_string().contains("unique"));
     let err = error_from_toml("[[auth.tokens]]\nname = \"a\"\nsha256 = \"x\"\nsecret = \"s\"\n");
     assert_names_key(&err, "auth.tokens");
+}
+
+const CLUSTER_TLS: &str = "\n[cluster.tls]\ncertFile = \"/etc/pinq/node1.pem\"\n\
+    keyFile = \"/etc/pinq/node1.key\"\ncaFile = \"/etc/pinq/cluster-ca.pem\"\n";
+
+#[test]
+fn cluster_tls_loads_flattened_and_renders_back_to_itself() {
+    let config = from_toml(&format!("{CLUSTER}{CLUSTER_TLS}")).unwrap();
+    let cluster = config.cluster.clone().expect("cluster");
+    let tls = cluster.tls.expect("cluster.tls");
+    assert_eq!(tls.cert_file, PathBuf::from("/etc/pinq/node1.pem"));
+    assert_eq!(tls.key_file, PathBuf::from("/etc/pinq/node1.key"));
+    assert_eq!(tls.ca_file, PathBuf::from("/etc/pinq/cluster-ca.pem"));
+    let rendered = config.to_toml();
+    assert!(rendered.contains("[cluster.tls]"), "{rendered}");
+    let again = from_toml(&rendered).unwrap_or_else(|err| panic!("{err}\nin:\n{rendered}"));
+    assert_eq!(again, config, "{rendered}");
+    assert_eq!(from_toml(CLUSTER).unwrap().cluster.unwrap().tls, None);
+}
+
+#[test]
+fn cluster_tls_needs_all_three_files_and_names_the_missing_ones() {
+    let err = error_from_toml(&format!("{CLUSTER}[cluster.tls]\ncertFile = \"/n.pem\"\n"));
+    assert_names_key(&err, "cluster.tlsCertFile");
+    let message = err.to_string();
+    assert!(
+        message.contains("cluster.tls.keyFile and cluster.tls.caFile"),
+        "{message}"
+    );
+    let err = error_from_toml(&format!(
+        "{CLUSTER}[cluster.tls]\ncaFile = \"/ca.pem\"\nkeyFile = \"/n.key\"\n"
+    ));
+    assert_names_key(&err, "cluster.tlsKeyFile");
+    assert!(
+        err.to_string().contains("needs cluster.tls.certFile too"),
+        "{err}"
+    );
+    let err = error_from_toml(&format!(
+        "{CLUSTER}[cluster.tls]\nclientCaFile = \"/ca.pem\"\n"
+    ));
+    assert_names_key(&err, "cluster.tls.clientCaFile");
+    assert!(
+        err.to_string().contains("certFile, keyFile, caFile"),
+        "{err}"
+    );
+    // Without a node id, node TLS is refused like every other cluster key.
+    let err = error_from_toml(CLUSTER_TLS);
+    assert_names_key(&err, "cluster.nodeId");
+    assert!(err.to_string().contains("cluster.tlsCertFile"), "{err}");
 }
