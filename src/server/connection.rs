@@ -860,34 +860,8 @@ impl broker::Server for BrokerImpl {
                 self.conn.limits().subscriptions_max
             ))
         })?;
-        let (topic, group, consumer_cap, queue_size) = {
-            let params = params.get()?;
-            let topic = params
-                .get_topic()?
-                .to_str()
-                .map_err(|_| Code::NotUtf8.error("subscribe: topic is not UTF-8"))?
-                .to_owned();
-            let group = params
-                .get_group()?
-                .to_str()
-                .map_err(|_| Code::NotUtf8.error("subscribe: group is not UTF-8"))?
-                .to_owned();
-            (
-                topic,
-                group,
-                params.get_consumer()?,
-                params.get_queue_size() as usize,
-            )
-        };
-        crate::key::validate_topic(&topic)
-            .map_err(|e| Code::InvalidTopic.error(format!("subscribe: topic: {e}")))?;
+        let (topic, group, consumer_cap, queue_size) = subscribe_params(&params)?;
         self.admit(Some(Action::Consume { topic: &topic }))?;
-        if group.len() > crate::key::TOPIC_LEN_MAX {
-            return Err(Code::InvalidRequest.error(format!(
-                "subscribe: group is {} bytes, the limit is 255",
-                group.len()
-            )));
-        }
         let owner = TopicHash::of(&topic).shard(self.shard.count);
         let (sink_id, sink, notify) = self.shard.open_sink();
         let uuid = uuid::Uuid::new_v4();
@@ -1064,6 +1038,38 @@ impl broker::Server for BrokerImpl {
         }))?;
         super::policy_call::set_group_policy(&self.shard, params, results, failed).await
     }
+}
+
+/// A `subscribe` call's topic, group, consumer and `queueSize`, checked (UTF-8, a valid topic, a
+/// group within the length limit).
+fn subscribe_params(
+    params: &broker::SubscribeParams,
+) -> Result<(String, String, consumer::Client, usize), capnp::Error> {
+    let params = params.get()?;
+    let topic = params
+        .get_topic()?
+        .to_str()
+        .map_err(|_| Code::NotUtf8.error("subscribe: topic is not UTF-8"))?
+        .to_owned();
+    let group = params
+        .get_group()?
+        .to_str()
+        .map_err(|_| Code::NotUtf8.error("subscribe: group is not UTF-8"))?
+        .to_owned();
+    crate::key::validate_topic(&topic)
+        .map_err(|e| Code::InvalidTopic.error(format!("subscribe: topic: {e}")))?;
+    if group.len() > crate::key::TOPIC_LEN_MAX {
+        return Err(Code::InvalidRequest.error(format!(
+            "subscribe: group is {} bytes, the limit is 255",
+            group.len()
+        )));
+    }
+    Ok((
+        topic,
+        group,
+        params.get_consumer()?,
+        params.get_queue_size() as usize,
+    ))
 }
 
 /// One subscription's way to its client: the sink the owner fills, and where the window goes
