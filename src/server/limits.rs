@@ -584,18 +584,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for FrameGate<R> {
                     if !std::task::ready!(this.poll_table(cx))? {
                         return Poll::Ready(Ok(0));
                     }
-                    let body = body_len(&this.out, this.frame_bytes_max).map_err(refused)?;
-                    let frame = body + this.out.len();
-                    let largest = &this.progress.largest_frame;
-                    largest.set(largest.get().max(frame));
-                    this.phase = if frame <= DIRECT_FRAME_BYTES_MAX {
-                        Phase::Serve {
-                            served: 0,
-                            direct_left: body,
-                        }
-                    } else {
-                        Phase::Admit { body }
-                    };
+                    this.begin_frame()?;
                 }
                 Phase::Admit { body } => {
                     let body = *body;
@@ -617,41 +606,81 @@ impl<R: AsyncRead + Unpin> AsyncRead for FrameGate<R> {
                         direct_left: 0,
                     };
                 }
-                Phase::Serve {
-                    served,
-                    direct_left,
-                } => {
-                    if *served < this.out.len() {
-                        let n = (this.out.len() - *served).min(buf.len());
-                        buf[..n].copy_from_slice(&this.out[*served..*served + n]);
-                        *served += n;
-                        if *served == this.out.len() && *direct_left == 0 {
-                            this.finish_frame();
-                        }
-                        return Poll::Ready(Ok(n));
+                Phase::Serve { .. } => {
+                    if let Some(read) = this.poll_serve(cx, buf) {
+                        return read;
                     }
-                    if *direct_left == 0 {
-                        this.finish_frame();
-                        continue;
-                    }
-                    let take = (*direct_left).min(buf.len());
-                    let left = *direct_left;
-                    let n = std::task::ready!(this.read_inner(cx, &mut buf[..take]))?;
-                    if n == 0 {
-                        return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()));
-                    }
-                    let left = left - n;
-                    this.phase = Phase::Serve {
-                        served: this.out.len(),
-                        direct_left: left,
-                    };
-                    if left == 0 {
-                        this.finish_frame();
-                    }
-                    return Poll::Ready(Ok(n));
                 }
             }
         }
+    }
+}
+
+impl<R: AsyncRead + Unpin> FrameGate<R> {
+    /// The segment table is in: checks the frame's size and chooses how its body goes (read
+    /// straight through when small, admitted first when large).
+    fn begin_frame(&mut self) -> io::Result<()> {
+        let body = body_len(&self.out, self.frame_bytes_max).map_err(refused)?;
+        let frame = body + self.out.len();
+        let largest = &self.progress.largest_frame;
+        largest.set(largest.get().max(frame));
+        self.phase = if frame <= DIRECT_FRAME_BYTES_MAX {
+            Phase::Serve {
+                served: 0,
+                direct_left: body,
+            }
+        } else {
+            Phase::Admit { body }
+        };
+        Ok(())
+    }
+
+    /// Serves the frame's bytes: the buffered ones first, then (a small frame) the rest of its
+    /// body straight from the socket. `None` when the frame is done and the next one begins.
+    fn poll_serve(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Option<Poll<io::Result<usize>>> {
+        let Phase::Serve {
+            served,
+            direct_left,
+        } = &mut self.phase
+        else {
+            return None;
+        };
+        if *served < self.out.len() {
+            let n = (self.out.len() - *served).min(buf.len());
+            buf[..n].copy_from_slice(&self.out[*served..*served + n]);
+            *served += n;
+            if *served == self.out.len() && *direct_left == 0 {
+                self.finish_frame();
+            }
+            return Some(Poll::Ready(Ok(n)));
+        }
+        if *direct_left == 0 {
+            self.finish_frame();
+            return None;
+        }
+        let take = (*direct_left).min(buf.len());
+        let left = *direct_left;
+        let n = match self.read_inner(cx, &mut buf[..take]) {
+            Poll::Pending => return Some(Poll::Pending),
+            Poll::Ready(Err(e)) => return Some(Poll::Ready(Err(e))),
+            Poll::Ready(Ok(n)) => n,
+        };
+        if n == 0 {
+            return Some(Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into())));
+        }
+        let left = left - n;
+        self.phase = Phase::Serve {
+            served: self.out.len(),
+            direct_left: left,
+        };
+        if left == 0 {
+            self.finish_frame();
+        }
+        Some(Poll::Ready(Ok(n)))
     }
 }
 

@@ -85,7 +85,7 @@ impl ConfigLoader {
                 "must be greater than zero (Raft reserves 0 for \"no node\")",
             ));
         }
-        let Some(raft_listen_text) = raw.raft_listen else {
+        let Some(raft_listen_text) = raw.raft_listen.as_deref() else {
             return Err(self.invalid(
                 "cluster.raftListen",
                 format!(
@@ -94,8 +94,8 @@ impl ConfigLoader {
                 ),
             ));
         };
-        let raft_listen = self.address("cluster.raftListen", &raft_listen_text)?;
-        let Some(PeersValue(members)) = raw.peers else {
+        let raft_listen = self.address("cluster.raftListen", raft_listen_text)?;
+        let Some(PeersValue(members)) = &raw.peers else {
             return Err(self.invalid(
                 "cluster.peers",
                 format!(
@@ -104,12 +104,52 @@ impl ConfigLoader {
                 ),
             ));
         };
-        let peers = self.peers(&members)?;
+        let peers = self.peers(members)?;
         self.check_membership(node_id, raft_listen, &peers)?;
 
-        let advertise = match raw.advertise {
+        let advertise = self.advertise(raw.advertise.as_deref(), server)?;
+
+        let (tick_interval_ms, heartbeat_ticks, election_ticks) = self.raft_timing(&raw)?;
+        let log_retain_entries = self.count(
+            "cluster.logRetainEntries",
+            raw.log_retain_entries,
+            LOG_RETAIN_ENTRIES_DEFAULT,
+            LOG_RETAIN_ENTRIES_LIMIT,
+        )? as u64;
+        let outbound_queue_messages = self.count(
+            "cluster.outboundQueueMessages",
+            raw.outbound_queue_messages,
+            OUTBOUND_QUEUE_MESSAGES_DEFAULT,
+            OUTBOUND_QUEUE_MESSAGES_LIMIT,
+        )?;
+        let max_frame_bytes = self.max_frame_bytes(&raw, publish)?;
+
+        let cluster = ClusterConfig {
+            node_id,
+            raft_listen,
+            peers,
+            advertise,
+            tick_interval: Duration::from_millis(tick_interval_ms),
+            heartbeat_ticks,
+            election_ticks,
+            log_retain_entries,
+            outbound_queue_messages,
+            max_frame_bytes,
+            tls: self.cluster_tls(&raw.tls_cert_file, &raw.tls_key_file, &raw.tls_ca_file)?,
+        };
+        self.check_cluster_ports(&cluster, server)?;
+        Ok(Some(cluster))
+    }
+
+    /// `cluster.advertise`, or `server.listen` when that is an address a client can connect to.
+    fn advertise(
+        &self,
+        advertise: Option<&str>,
+        server: &ServerConfig,
+    ) -> Result<SocketAddr, ConfigError> {
+        Ok(match advertise {
             Some(text) => {
-                let advertise = self.address("cluster.advertise", &text)?;
+                let advertise = self.address("cluster.advertise", text)?;
                 if advertise.ip().is_unspecified() || advertise.port() == 0 {
                     return Err(self.invalid(
                         "cluster.advertise",
@@ -130,8 +170,12 @@ impl ConfigLoader {
                 ))
             }
             None => server.listen,
-        };
+        })
+    }
 
+    /// `cluster.tickInterval` (ms), `heartbeatTicks` and `electionTicks`, the election longer
+    /// than the heartbeat.
+    fn raft_timing(&self, raw: &RawCluster) -> Result<(u64, usize, usize), ConfigError> {
         let tick_interval_ms = self.millis(
             "cluster.tickInterval",
             raw.tick_interval,
@@ -163,18 +207,15 @@ impl ConfigLoader {
                 ),
             ));
         }
-        let log_retain_entries = self.count(
-            "cluster.logRetainEntries",
-            raw.log_retain_entries,
-            LOG_RETAIN_ENTRIES_DEFAULT,
-            LOG_RETAIN_ENTRIES_LIMIT,
-        )? as u64;
-        let outbound_queue_messages = self.count(
-            "cluster.outboundQueueMessages",
-            raw.outbound_queue_messages,
-            OUTBOUND_QUEUE_MESSAGES_DEFAULT,
-            OUTBOUND_QUEUE_MESSAGES_LIMIT,
-        )?;
+        Ok((tick_interval_ms, heartbeat_ticks, election_ticks))
+    }
+
+    /// `cluster.maxFrameBytes`, large enough for a Raft entry holding the largest message.
+    fn max_frame_bytes(
+        &self,
+        raw: &RawCluster,
+        publish: &PublishConfig,
+    ) -> Result<usize, ConfigError> {
         let max_frame_bytes = self.bytes(
             "cluster.maxFrameBytes",
             raw.max_frame_bytes,
@@ -197,22 +238,7 @@ impl ConfigLoader {
                 ),
             ));
         }
-
-        let cluster = ClusterConfig {
-            node_id,
-            raft_listen,
-            peers,
-            advertise,
-            tick_interval: Duration::from_millis(tick_interval_ms),
-            heartbeat_ticks,
-            election_ticks,
-            log_retain_entries,
-            outbound_queue_messages,
-            max_frame_bytes,
-            tls: self.cluster_tls(&raw.tls_cert_file, &raw.tls_key_file, &raw.tls_ca_file)?,
-        };
-        self.check_cluster_ports(&cluster, server)?;
-        Ok(Some(cluster))
+        Ok(max_frame_bytes)
     }
 
     /// `[cluster.tls]`: all three files or none; the first one missing is named. The files are
