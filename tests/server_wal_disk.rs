@@ -10,15 +10,19 @@
 //!
 //! Regression (issue 25): the WAL took 1.47x the cap under this churn; a closed 64 MiB segment
 //! took 72 MiB and segments of 8 MiB or less took twice their size.
+//!
+//! Clustered, the same bound holds for the Raft log of the leader and of each follower (issue
+//! 21 part 7: a follower used to append whatever its leader sent, the cap only compacting).
 
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pinq::client::{AckLevel, PublishMessage};
+use support::cluster::Cluster;
 use support::{with_client, Server};
 
 const WAL_MAX_BYTES: u64 = 8 << 20;
@@ -56,10 +60,10 @@ fn wal_disk_bytes(data_dir: &Path) -> u64 {
     total
 }
 
-/// Durable publishers and an ACKing consumer until the broker goes away (or `LOAD_MAX`).
-fn load(addr: String) {
-    with_client(addr, |client| async move {
-        let deadline = Instant::now() + LOAD_MAX;
+/// Durable publishers and an ACKing consumer until the broker goes away (or `for_at_most`).
+fn load(addr: String, for_at_most: Duration) {
+    with_client(addr, move |client| async move {
+        let deadline = Instant::now() + for_at_most;
         let client = std::rc::Rc::new(client);
         let mut tasks = Vec::new();
         for p in 0..PUBLISHERS {
@@ -114,6 +118,18 @@ fn load(addr: String) {
     });
 }
 
+/// Samples `wal_disk_bytes(dir)` every 5 ms until `stop`; returns the largest figure.
+fn sample_peak(dir: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut peak = 0;
+        while !stop.load(Ordering::Relaxed) {
+            peak = peak.max(wal_disk_bytes(&dir));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        peak.max(wal_disk_bytes(&dir))
+    })
+}
+
 /// Runs the churn with `segment_bytes`; returns the most the WAL took on disk at any sample.
 fn churn(segment_bytes: &str) -> u64 {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -126,28 +142,17 @@ fn churn(segment_bytes: &str) -> u64 {
         ("PINQ_DELIVERY_DELETE_BATCH_INTERVAL", "10ms"),
     ];
     let stop = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicU64::new(0));
-    let sampler = {
-        let (stop, peak, dir) = (Arc::clone(&stop), Arc::clone(&peak), data_dir.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                peak.fetch_max(wal_disk_bytes(&dir), Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        })
-    };
+    let sampler = sample_peak(data_dir.clone(), Arc::clone(&stop));
     for _ in 0..ROUNDS {
         let mut server = Server::start_in(&data_dir, &["--cpus", "0"], &env);
         let addr = server.server_arg();
-        let loader = std::thread::spawn(move || load(addr));
+        let loader = std::thread::spawn(move || load(addr, LOAD_MAX));
         std::thread::sleep(ROUND);
         server.kill9();
         loader.join().expect("load thread");
     }
     stop.store(true, Ordering::Relaxed);
-    sampler.join().expect("sampler");
-    let after = wal_disk_bytes(&data_dir);
-    peak.load(Ordering::Relaxed).max(after)
+    sampler.join().expect("sampler")
 }
 
 #[test]
@@ -173,4 +178,42 @@ fn wal_disk_use_stays_within_wal_max_bytes_under_kill9_churn_for_every_segment_s
         peaks.iter().all(|(_, peak)| *peak >= WAL_MAX_BYTES / 2),
         "the load must take the WAL near its cap: {peaks:?}"
     );
+}
+
+#[test]
+fn every_member_of_a_cluster_keeps_its_raft_log_within_wal_max_bytes() {
+    let env = [
+        ("PINQ_STORAGE_WAL_SEGMENT_BYTES", "1MiB"),
+        ("PINQ_STORAGE_WAL_MAX_BYTES", "8MiB"),
+        ("PINQ_STORAGE_MEMTABLE_BYTES", "8MiB"),
+        ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "16KiB"),
+        ("PINQ_DELIVERY_DELETE_BATCH_INTERVAL", "10ms"),
+    ];
+    let cluster = Cluster::start(3, &env);
+    let ids = cluster.ids();
+    let leader = cluster.wait_for_leader(0, &ids, Duration::from_secs(30));
+    let stop = Arc::new(AtomicBool::new(false));
+    let samplers: Vec<_> = ids
+        .iter()
+        .map(|&id| sample_peak(cluster.member(id).data_dir.clone(), Arc::clone(&stop)))
+        .collect();
+    load(cluster.addr(leader), Duration::from_secs(8));
+    stop.store(true, Ordering::Relaxed);
+    let peaks: Vec<(u64, u64)> = ids
+        .iter()
+        .zip(samplers)
+        .map(|(&id, sampler)| (id, sampler.join().expect("sampler")))
+        .collect();
+    eprintln!("leader {leader}; WAL peaks on disk by node: {peaks:?} (walMaxBytes {WAL_MAX_BYTES})");
+    let bound = WAL_MAX_BYTES + WAL_MAX_BYTES / 10;
+    for (id, peak) in &peaks {
+        assert!(
+            *peak <= bound,
+            "node {id} (leader {leader}): its Raft log took {peak} bytes on disk, above {bound} (walMaxBytes + 10 %); all: {peaks:?}"
+        );
+        assert!(
+            *peak >= WAL_MAX_BYTES / 2,
+            "node {id}: the load must take every log near its cap: {peaks:?}"
+        );
+    }
 }

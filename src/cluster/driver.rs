@@ -49,13 +49,12 @@ use super::replica::{
     carries_command, quiet_logger, RecordSink, Replica, ReplicaConfig, ReplicaStatus, Role,
 };
 use crate::key::Key;
-use crate::log::{recovery, Command, Wal};
-use crate::message::Value;
+use crate::log::{recovery, Command, Log, Wal};
 use crate::metrics::{RaftDrops, RaftFigures, RaftRecorder, BATCH_BUCKETS, LATENCY_BUCKETS_S};
 use crate::ops::ratelimit::monotonic_ms;
 use crate::storage::engine::{Engine, LsmEnv, LsmStats, Opened};
 use crate::storage::io as dio;
-use crate::storage::{LsmOptions, Store, StoreError, Sync};
+use crate::storage::{CommitPath, LsmOptions, Logged, StoreError, Sync};
 
 /// Bytes of proposals between `commit` and their apply, per shard: a full budget makes
 /// proposers wait (the leader's side of the bound; followers are bounded by Raft's in-flight
@@ -82,8 +81,12 @@ pub struct DriverConfig {
 /// Where a proposal waits for its entry.
 struct Waiter {
     term: u64,
+    /// Bytes of `proposal_room` the proposal holds until it is answered.
+    units: u64,
     done: oneshot::Sender<Result<u64, StoreError>>,
 }
+
+type Answer = oneshot::Receiver<Result<u64, StoreError>>;
 
 /// The WAL as the replica's record sink; remembers which Raft index each record reaches.
 struct WalSink<'a> {
@@ -112,11 +115,14 @@ impl RecordSink for WalSink<'_> {
 
 /// A shard's replicated store. See the module docs.
 pub struct ReplicatedStore {
-    engine: Rc<Engine>,
-    wal: Rc<Wal>,
+    /// The engine, the WAL under the Raft log, and the log-size cap (`storage.walMaxBytes`).
+    path: CommitPath,
     replica: RefCell<Replica>,
     config: DriverConfig,
     waiters: RefCell<BTreeMap<u64, Waiter>>,
+    /// The other end of each waiter, taken by `Log::wait_durable` right after the proposal, with
+    /// the time it was proposed.
+    answers: RefCell<BTreeMap<u64, (Answer, std::time::Instant)>>,
     /// (WAL sequence number, highest Raft index in that record), oldest first.
     record_index: RefCell<VecDeque<(u64, u64)>>,
     kick_tx: LocalSender<()>,
@@ -126,7 +132,6 @@ pub struct ReplicatedStore {
     role: Cell<(Role, bool)>,
     role_changed: crate::storage::signal::Signal,
     proposal_room: glommio::sync::Semaphore,
-    wal_bytes_max: u64,
     closed: Cell<bool>,
     /// Raft messages dropped on their way to and from the transport, by where.
     drops: Cell<RaftDrops>,
@@ -193,11 +198,11 @@ impl ReplicatedStore {
         let (kick_tx, kick_rx) = local_channel::new_bounded(1);
         let role = (replica.role(), false);
         Ok(ReplicatedStore {
-            engine: Rc::new(engine),
-            wal,
+            path: CommitPath::new(Rc::new(engine), wal, wal_bytes_max),
             replica: RefCell::new(replica),
             config,
             waiters: RefCell::new(BTreeMap::new()),
+            answers: RefCell::new(BTreeMap::new()),
             record_index: RefCell::new(record_index),
             kick_tx,
             kick_rx: RefCell::new(Some(kick_rx)),
@@ -205,7 +210,6 @@ impl ReplicatedStore {
             role: Cell::new(role),
             role_changed: Default::default(),
             proposal_room: glommio::sync::Semaphore::new(PROPOSAL_BYTES_MAX),
-            wal_bytes_max,
             closed: Cell::new(false),
             drops: Cell::new(RaftDrops::default()),
             leader_changes: Cell::new(0),
@@ -220,8 +224,8 @@ impl ReplicatedStore {
 
     /// Starts the WAL writer, the engine's tasks, the driver loop and the reclaimer.
     pub fn start(self: &Rc<Self>) -> Result<(), StoreError> {
-        self.wal.start();
-        self.engine.start()?;
+        self.path.wal().start();
+        self.path.engine().start()?;
         let Some(kicks) = self.kick_rx.borrow_mut().take() else {
             return Ok(());
         };
@@ -234,8 +238,18 @@ impl ReplicatedStore {
         let _ = self.kick_tx.try_send(());
     }
 
-    /// A Raft message from a peer's replica of this shard.
+    /// A Raft message from a peer's replica of this shard. Entries from a leader wait while
+    /// the log is at its byte cap with a flush on its way (the bound the leader's own commits
+    /// keep, `CommitPath::must_wait_for_room`): they are left unanswered, counted, and the
+    /// leader sends them again.
     pub fn step(&self, message: Message) {
+        if message.get_msg_type() == raft::eraftpb::MessageType::MsgAppend
+            && !message.entries.is_empty()
+            && self.path.must_wait_for_room()
+        {
+            self.count_drops(|d| d.log_full += 1);
+            return;
+        }
         if self.replica.borrow_mut().step(message).is_ok() {
             self.kick();
         }
@@ -280,10 +294,11 @@ impl ReplicatedStore {
         if self.failure.borrow().is_some() {
             return;
         }
-        tracing::error!(dir = %self.engine.dir().display(), "the raft driver stops: {error}");
+        tracing::error!(dir = %self.path.engine().dir().display(), "the raft driver stops: {error}");
         self.replica.borrow_mut().fail();
         self.fail_waiters(&error);
         *self.failure.borrow_mut() = Some(error);
+        self.path.reclaimed().notify();
         self.note_role();
         self.role_changed.notify();
     }
@@ -295,7 +310,7 @@ impl ReplicatedStore {
             // The log or the engine failed (a failed fdatasync is seen here even when no new
             // record would notice it): the node cannot go on with this shard. The shard's
             // role watcher sees this and stops the broker (no shard left wedged).
-            let healthy = self.wal.check().and_then(|()| self.engine.check_writable());
+            let healthy = self.path.wal().check().and_then(|()| self.path.engine().check_writable());
             if let Err(e) = healthy {
                 if !self.closed.get() {
                     self.stop(e);
@@ -320,7 +335,7 @@ impl ReplicatedStore {
                 continue;
             }
             let pending = self.replica.borrow().oldest_unpersisted_seq();
-            let wal = Rc::clone(&self.wal);
+            let wal = Rc::clone(self.path.wal());
             let durable = async move {
                 match pending {
                     Some(seq) => {
@@ -348,11 +363,11 @@ impl ReplicatedStore {
     /// Handles every Ready there is: messages out, records in, committed entries applied.
     async fn run_work(&self) -> Result<(), StoreError> {
         loop {
-            let released = self.replica.borrow_mut().durable(self.wal.synced_seq());
+            let released = self.replica.borrow_mut().durable(self.path.wal().synced_seq());
             self.send(released);
             let work = {
                 let mut sink = WalSink {
-                    wal: &self.wal,
+                    wal: self.path.wal(),
                     index: &self.record_index,
                     recorder: &self.recorder,
                 };
@@ -382,7 +397,7 @@ impl ReplicatedStore {
         match result {
             Ok(Some(snapshot)) => {
                 tracing::info!(
-                    dir = %self.engine.dir().display(),
+                    dir = %self.path.engine().dir().display(),
                     index = snapshot.get_metadata().index,
                     bytes = snapshot.data.len(),
                     "snapshot built for a follower behind the log"
@@ -394,7 +409,7 @@ impl ReplicatedStore {
             Err(e) => {
                 self.snapshot_not_before
                     .set(std::time::Instant::now() + SNAPSHOT_RETRY_AFTER);
-                tracing::warn!(dir = %self.engine.dir().display(), "cannot build a snapshot for a follower (next try in {SNAPSHOT_RETRY_AFTER:?}): {e}");
+                tracing::warn!(dir = %self.path.engine().dir().display(), "cannot build a snapshot for a follower (next try in {SNAPSHOT_RETRY_AFTER:?}): {e}");
             }
         }
     }
@@ -407,7 +422,8 @@ impl ReplicatedStore {
         let mut start: Key = Key::new();
         loop {
             let rows = self
-                .engine
+                .path
+                .engine()
                 .scan(&start, None, SNAPSHOT_PAGE_KEYS)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -442,7 +458,7 @@ impl ReplicatedStore {
                 .into_iter()
                 .filter_map(|(k, v)| crate::key::EventKey::parse(&k).ok().map(|k| (k, v)))
                 .collect();
-            let event_id_high_water = self.engine.event_id_high_water();
+            let event_id_high_water = self.path.engine().event_id_high_water();
             let command = if remember.is_empty() {
                 Command::Store {
                     messages,
@@ -476,7 +492,7 @@ impl ReplicatedStore {
         writer
             .push(&Command::Store {
                 messages: Vec::new(),
-                event_id_high_water: self.engine.event_id_high_water(),
+                event_id_high_water: self.path.engine().event_id_high_water(),
             })
             .map_err(|e| e.to_string())?;
         let mut snapshot = raft::eraftpb::Snapshot {
@@ -505,7 +521,7 @@ impl ReplicatedStore {
         };
         let commands = super::snapshot::decode(&snapshot.data).map_err(corrupt)?;
         loop {
-            let rows = self.engine.scan(&[], None, SNAPSHOT_PAGE_KEYS).await?;
+            let rows = self.path.engine().scan(&[], None, SNAPSHOT_PAGE_KEYS).await?;
             if rows.is_empty() {
                 break;
             }
@@ -523,10 +539,10 @@ impl ReplicatedStore {
         for command in &commands {
             self.apply_one(index, command).await?;
         }
-        self.engine.flush().await?;
+        self.path.engine().flush().await?;
         let mut last = 0;
         for record in &deferred {
-            last = self.wal.append(record)?;
+            last = self.path.wal().append(record)?;
             self.record_index
                 .borrow_mut()
                 .push_back((last, record.last_index()));
@@ -534,7 +550,7 @@ impl ReplicatedStore {
         self.replica.borrow_mut().snapshot_written(index, last);
         self.snapshots_installed
             .set(self.snapshots_installed.get() + 1);
-        tracing::info!(dir = %self.engine.dir().display(), index, commands = commands.len(), "installed a snapshot from the leader");
+        tracing::info!(dir = %self.path.engine().dir().display(), index, commands = commands.len(), "installed a snapshot from the leader");
         Ok(())
     }
 
@@ -546,7 +562,8 @@ impl ReplicatedStore {
         let (mut start, end) = crate::log::sequences::sequence_key_range();
         loop {
             let rows = self
-                .engine
+                .path
+                .engine()
                 .scan(&start, Some(&end), SNAPSHOT_PAGE_KEYS)
                 .await?;
             let Some((last, _)) = rows.last() else {
@@ -561,7 +578,7 @@ impl ReplicatedStore {
                 .collect();
             let command = Command::StoreSequenced {
                 messages: Vec::new(),
-                event_id_high_water: self.engine.event_id_high_water(),
+                event_id_high_water: self.path.engine().event_id_high_water(),
                 remember: Vec::new(),
                 forget,
             };
@@ -578,7 +595,8 @@ impl ReplicatedStore {
         let (start, end) = crate::log::copies::copy_key_range();
         loop {
             let rows = self
-                .engine
+                .path
+                .engine()
                 .scan(&start, Some(&end), SNAPSHOT_PAGE_KEYS)
                 .await?;
             let dropped: Vec<_> = rows
@@ -601,12 +619,8 @@ impl ReplicatedStore {
     /// the log-size cap freezes the memtable as standalone does, and a freeze starts a new
     /// log segment.
     async fn apply_one(&self, index: u64, command: &Command) -> Result<(), StoreError> {
-        let turn = self.engine.admit().await?;
-        let froze = self.engine.apply(index, command);
-        let over_cap = self.engine.nothing_frozen() && self.wal.live_bytes() >= self.wal_bytes_max;
-        if froze || (over_cap && self.engine.freeze()) {
-            self.wal.roll();
-        }
+        let turn = self.path.engine().admit().await?;
+        self.path.apply(index, command);
         drop(turn);
         Ok(())
     }
@@ -645,7 +659,7 @@ impl ReplicatedStore {
             if carries_command(entry) {
                 let command = Command::decode(&entry.data).map_err(|e| {
                     crate::storage::io_error(
-                        self.engine.dir(),
+                        self.path.engine().dir(),
                         std::io::Error::other(format!(
                             "committed raft entry {} does not hold a command: {e}",
                             entry.index
@@ -673,6 +687,7 @@ impl ReplicatedStore {
                 } else {
                     Err(StoreError::LeadershipLost)
                 };
+                self.proposal_room.signal(waiter.units);
                 let _ = waiter.done.send(result);
             }
         }
@@ -681,6 +696,7 @@ impl ReplicatedStore {
     fn fail_waiters(&self, error: &StoreError) {
         let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
         for (_, waiter) in waiters {
+            self.proposal_room.signal(waiter.units);
             let _ = waiter.done.send(Err(error.clone_kind()));
         }
     }
@@ -696,47 +712,6 @@ impl ReplicatedStore {
             self.role.set(now);
             self.role_changed.notify();
         }
-    }
-
-    /// Proposes `command` and waits until it is committed and applied here; `appended` runs
-    /// once the leader has taken it into its log.
-    async fn propose(&self, command: &Command, appended: impl FnOnce()) -> Result<u64, StoreError> {
-        let data = command.to_bytes();
-        if data.len() > self.config.entry_bytes_max {
-            return Err(StoreError::TooLarge {
-                bytes: data.len(),
-                max: self.config.entry_bytes_max,
-            });
-        }
-        let units = (data.len() as u64).clamp(1, PROPOSAL_BYTES_MAX);
-        let _room = self
-            .proposal_room
-            .acquire_permit(units)
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        let (term, index) = self
-            .replica
-            .borrow_mut()
-            .propose(data)
-            .map_err(|e| match e {
-                super::replica::ProposeError::NotLeader { leader } => {
-                    StoreError::NotLeader { leader }
-                }
-                super::replica::ProposeError::Dropped => StoreError::LeadershipLost,
-            })?;
-        let (done, wait) = oneshot::channel();
-        self.waiters
-            .borrow_mut()
-            .insert(index, Waiter { term, done });
-        self.kick();
-        appended();
-        let started = std::time::Instant::now();
-        let result = wait.await.map_err(|_| StoreError::LeadershipLost)?;
-        if result.is_ok() {
-            let us = started.elapsed().as_micros() as u64;
-            self.recorder.borrow_mut().commit_latency.record(us);
-        }
-        result
     }
 
     /// This replica's figures for `/metrics`.
@@ -764,23 +739,26 @@ impl ReplicatedStore {
     /// Compacts the log after each engine flush. See the module docs.
     async fn reclaim(self: Rc<Self>) {
         while !self.closed.get() {
-            self.engine.flushed().await;
+            self.path.engine().flushed().await;
             if self.closed.get() {
-                return;
+                break;
             }
-            if let Err(e) = self.engine.check_writable() {
+            if let Err(e) = self.path.engine().check_writable() {
                 // The engine failed for good: the driver must not outlive it.
                 self.stop(e);
-                return;
+                break;
             }
             if let Err(e) = self.compact().await {
-                tracing::warn!(dir = %self.engine.dir().display(), "raft log compaction: {e}");
+                tracing::warn!(dir = %self.path.engine().dir().display(), "raft log compaction: {e}");
             }
+            // Writers and appends waiting for room in the log look again.
+            self.path.reclaimed().notify();
         }
+        self.path.reclaimed().notify();
     }
 
     async fn compact(&self) -> Result<(), StoreError> {
-        let flushed = self.engine.flushed_index();
+        let flushed = self.path.engine().flushed_index();
         let point = {
             let replica = self.replica.borrow();
             let applied = replica.applied();
@@ -790,7 +768,7 @@ impl ReplicatedStore {
             let floor = applied.saturating_sub(self.config.log_retain_entries).max(
                 replica
                     .log()
-                    .compact_point_for_bytes(self.wal_bytes_max as usize),
+                    .compact_point_for_bytes(self.path.wal_bytes_max() as usize),
             );
             let keep_for = replica.min_follower_match().unwrap_or(flushed);
             flushed.min(keep_for.max(floor))
@@ -801,16 +779,16 @@ impl ReplicatedStore {
         }
         let (index, term) =
             self.replica.borrow_mut().compact_to(point).map_err(|e| {
-                crate::storage::io_error(self.engine.dir(), std::io::Error::other(e))
+                crate::storage::io_error(self.path.engine().dir(), std::io::Error::other(e))
             })?;
         let hard_state = self.replica.borrow().log().hard_state().clone();
-        let seq = self.wal.append(&RaftRecord::Checkpoint {
+        let seq = self.path.wal().append(&RaftRecord::Checkpoint {
             index,
             term,
             hard_state,
         })?;
         self.record_index.borrow_mut().push_back((seq, index));
-        self.wal.wait_durable(seq).await?;
+        self.path.wal().wait_durable(seq).await?;
         // Every record before the last one reaching past `index` is superseded.
         let through = {
             let mut records = self.record_index.borrow_mut();
@@ -824,7 +802,7 @@ impl ReplicatedStore {
             }
             through
         };
-        for path in self.wal.release_through(through) {
+        for path in self.path.wal().release_through(through) {
             dio::remove(&path).await?;
         }
         Ok(())
@@ -843,7 +821,7 @@ impl ReplicatedStore {
             glommio::timer::sleep(Duration::from_millis(5)).await;
         }
         let handed = !self.replica.borrow().role().leader;
-        tracing::info!(dir = %self.engine.dir().display(), to, handed, "leadership handed over for the shutdown");
+        tracing::info!(dir = %self.path.engine().dir().display(), to, handed, "leadership handed over for the shutdown");
     }
 
     /// Graceful close: fails waiting proposals, flushes the memtable (if configured), syncs the
@@ -852,23 +830,24 @@ impl ReplicatedStore {
         self.closed.set(true);
         self.kick();
         self.fail_waiters(&StoreError::Closed);
-        let flush = self.engine.flush_on_close();
-        let result = self.engine.begin_close(flush).await;
+        self.path.reclaimed().notify();
+        let flush = self.path.engine().flush_on_close();
+        let result = self.path.engine().begin_close(flush).await;
         if matches!(result, Err(StoreError::Closed)) {
             return result;
         }
-        let wal_result = self.wal.shutdown().await;
-        self.engine.finish_close().await;
+        let wal_result = self.path.wal().shutdown().await;
+        self.path.engine().finish_close().await;
         result.and(wal_result)
     }
 
     pub fn stats(&self) -> LsmStats {
-        crate::storage::lsm::stats_of(&self.engine, &self.wal)
+        crate::storage::lsm::stats_of(self.path.engine(), self.path.wal())
     }
 
     /// The engine's health (its Raft log fails for good on a full disk, as before).
     pub fn health(&self) -> crate::storage::StoreHealth {
-        self.engine.health()
+        self.path.engine().health()
     }
 }
 
@@ -876,57 +855,73 @@ fn raft_error(dir: &Path, e: raft::Error) -> StoreError {
     crate::storage::io_error(dir, std::io::Error::other(format!("raft: {e}")))
 }
 
-impl Store for ReplicatedStore {
-    async fn commit(&self, command: &Command, sync: Sync) -> Result<u64, StoreError> {
-        self.commit_accepting(command, sync, || {}).await
+impl Logged for ReplicatedStore {
+    type Log = ReplicatedStore;
+
+    fn path(&self) -> &CommitPath {
+        &self.path
     }
 
-    /// `Sync::Buffered` (the `leader` ack level) is accepted once the leader has appended the
-    /// entry; every command resolves once a quorum has it and it is applied here.
-    async fn commit_accepting(
-        &self,
-        command: &Command,
-        sync: Sync,
-        accepted: impl FnOnce(),
-    ) -> Result<u64, StoreError> {
-        if command.is_empty() {
-            accepted();
-            return Ok(self.replica.borrow().applied());
+    fn log(&self) -> &ReplicatedStore {
+        self
+    }
+}
+
+/// The shard's Raft log behind the `Log` seam: a proposal is taken into the leader's log, and
+/// resolves once a quorum committed it and it is applied here (the driver applies committed
+/// entries on every replica, through `CommitPath::apply`).
+impl Log for ReplicatedStore {
+    fn applies_at_append(&self) -> bool {
+        false
+    }
+
+    /// Waits for room among the proposals in flight (`PROPOSAL_BYTES_MAX`), then hands the
+    /// command to the raft core: its index once this leader appended it.
+    async fn propose(&self, command: &Command) -> Result<u64, StoreError> {
+        let data = command.to_bytes();
+        if data.len() > self.config.entry_bytes_max {
+            return Err(StoreError::TooLarge {
+                bytes: data.len(),
+                max: self.config.entry_bytes_max,
+            });
         }
-        let mut accepted = Some(accepted);
-        let index = self
-            .propose(command, || {
-                if sync == Sync::Buffered {
-                    if let Some(f) = accepted.take() {
-                        f();
-                    }
+        let units = (data.len() as u64).clamp(1, PROPOSAL_BYTES_MAX);
+        self.proposal_room
+            .acquire(units)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        let proposed = self.replica.borrow_mut().propose(data);
+        let (term, index) = proposed.map_err(|e| {
+            self.proposal_room.signal(units);
+            match e {
+                super::replica::ProposeError::NotLeader { leader } => {
+                    StoreError::NotLeader { leader }
                 }
-            })
-            .await?;
-        if let Some(f) = accepted.take() {
-            f();
-        }
+                super::replica::ProposeError::Dropped => StoreError::LeadershipLost,
+            }
+        })?;
+        let (done, answer) = oneshot::channel();
+        let waiter = Waiter { term, units, done };
+        self.waiters.borrow_mut().insert(index, waiter);
+        let now = std::time::Instant::now();
+        self.answers.borrow_mut().insert(index, (answer, now));
+        self.kick();
         Ok(index)
     }
 
-    async fn scan(
-        &self,
-        start: &[u8],
-        end: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<(Key, Value)>, StoreError> {
-        self.engine.scan(start, end, limit).await
+    fn wait_durable(&self, index: u64) -> impl std::future::Future<Output = Result<(), StoreError>> {
+        // Taken now, not at the first poll: nothing is left behind if the caller drops it.
+        let answer = self.answers.borrow_mut().remove(&index);
+        async move {
+            let (answer, proposed) = answer.ok_or(StoreError::LeadershipLost)?;
+            answer.await.map_err(|_| StoreError::LeadershipLost)??;
+            let us = proposed.elapsed().as_micros() as u64;
+            self.recorder.borrow_mut().commit_latency.record(us);
+            Ok(())
+        }
     }
 
-    async fn first_key(&self, start: &[u8], end: Option<&[u8]>) -> Result<Option<Key>, StoreError> {
-        self.engine.first_key(start, end).await
-    }
-
-    async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
-        self.engine.get(key).await
-    }
-
-    fn event_id_high_water(&self) -> u64 {
-        self.engine.event_id_high_water()
+    async fn settle_empty(&self, _sync: Sync) -> Result<u64, StoreError> {
+        Ok(self.replica.borrow().applied())
     }
 }

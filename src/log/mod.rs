@@ -30,26 +30,39 @@ pub use wal::Wal;
 
 use std::future::Future;
 
-use crate::storage::StoreError;
+use crate::storage::{StoreError, Sync};
 
 /// The seam between the side that produces commands and the log that orders and persists them.
+/// `crate::storage::CommitPath` is the one commit path in front of it, for the standalone log
+/// (the [`Wal`]) and the replicated one (the shard's Raft log, `crate::cluster::driver`).
 pub trait Log {
+    /// Whether the proposer applies what it proposed, right after [`Log::propose`] returns (the
+    /// order of appends is final: the standalone log). A replicated log applies committed entries
+    /// itself, in order, on every replica; its [`Log::wait_durable`] resolves once the command
+    /// is applied here.
+    fn applies_at_append(&self) -> bool;
+
     /// Appends `command` once the log has room for it (its buffer of unwritten bytes is
     /// bounded: a full one slows the proposer down) and returns its index. The append happens as
-    /// the future completes: the caller applies the command under that index right after, with
-    /// no await in between, so apply order is log order.
+    /// the future completes: a proposer that applies ([`Log::applies_at_append`]) does so under
+    /// that index right after, with no await in between, so apply order is log order.
     fn propose(&self, command: &Command) -> impl Future<Output = Result<u64, StoreError>>;
 
     /// Resolves once the command at `index` is durable (standalone: covered by an fdatasync;
-    /// replicated: committed by a quorum).
+    /// replicated: committed by a quorum and applied here). Call it right after `propose`.
     fn wait_durable(&self, index: u64) -> impl Future<Output = Result<(), StoreError>>;
 
-    /// The state machine holds every command through `index` on stable storage of its own: the
-    /// log may drop them. Returns the files no longer needed, for the caller to remove.
-    fn compact_through(&self, index: u64) -> Vec<std::path::PathBuf>;
+    /// The index a commit without a change answers with, once what it promises holds for
+    /// everything before it (standalone: the last record, synced for [`Sync::Durable`];
+    /// replicated: the last applied entry).
+    fn settle_empty(&self, sync: Sync) -> impl Future<Output = Result<u64, StoreError>>;
 }
 
 impl Log for Wal {
+    fn applies_at_append(&self) -> bool {
+        true
+    }
+
     async fn propose(&self, command: &Command) -> Result<u64, StoreError> {
         let units = self.reserve(command).await?;
         self.append_reserved(command, units)
@@ -59,7 +72,11 @@ impl Log for Wal {
         Wal::wait_durable(self, index)
     }
 
-    fn compact_through(&self, index: u64) -> Vec<std::path::PathBuf> {
-        self.release_through(index)
+    async fn settle_empty(&self, sync: Sync) -> Result<u64, StoreError> {
+        let last = self.next_seq().saturating_sub(1);
+        if sync == Sync::Durable {
+            self.sync_all().await?;
+        }
+        Ok(last)
     }
 }

@@ -235,11 +235,14 @@ pub struct RaftDrops {
     pub oversize: u64,
     /// Shard 0: an inbound message the transport could not take.
     pub inbound: u64,
+    /// A leader's entries left unanswered while this replica's log was at its byte cap with a
+    /// flush on its way (`storage.walMaxBytes`); the leader sends them again.
+    pub log_full: u64,
 }
 
 impl RaftDrops {
     /// Each count with its `reason` label.
-    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 8] {
         [
             ("outbox_full", self.outbox_full),
             ("to_transport_full", self.to_transport_full),
@@ -248,6 +251,7 @@ impl RaftDrops {
             ("peer_not_connected", self.peer_not_connected),
             ("oversize", self.oversize),
             ("inbound", self.inbound),
+            ("log_full", self.log_full),
         ]
     }
 }

@@ -1,11 +1,12 @@
 //! [`LsmStore`]: a shard's standalone durable state, the command log (the WAL) in front of the
 //! LSM [`Engine`], behind [`crate::storage::Store`].
 //!
-//! A commit is `admit` (the engine's bound on frozen memtables) → `Log::propose` (waits for room
-//! in the log's bounded buffer of unwritten bytes, then queues the record for the next group
-//! commit) → `Engine::apply` under the index it got (no await in between, so apply order is log
-//! order) → for `Sync::Durable`, `Log::wait_durable`. One fdatasync
-//! per group commit covers every command in it; nothing is synced twice.
+//! A commit takes the one commit path (`super::commit_path`, shared with the replicated store):
+//! `admit` (the engine's bound on frozen memtables) → room under the log-size cap →
+//! `Log::propose` (waits for room in the log's bounded buffer of unwritten bytes, then queues
+//! the record for the next group commit) → `Engine::apply` under the index it got (no await in
+//! between, so apply order is log order) → for `Sync::Durable`, `Log::wait_durable`. One
+//! fdatasync per group commit covers every command in it; nothing is synced twice.
 //!
 //! Open: the engine loads its manifest and tables, the log is replayed past the manifest's
 //! `applied_index` into the engine, and only once both were read without error are orphan files
@@ -13,7 +14,7 @@
 //!
 //! Full disk: a write that fails for lack of space is not fatal here. The log keeps the records
 //! it could not write and retries them (`Wal::retry_when_full`), the engine keeps a memtable it
-//! could not flush and retries it; meanwhile [`LsmStore::commit`] refuses every new command with
+//! could not flush and retries it; meanwhile a commit refuses every new command with
 //! `StoreError::DiskFull` before it is appended (nothing grows: memory, log and tables stay
 //! as they are), reads go on, and [`LsmStore::disk_full`] names the file for the health check.
 //! The first write that succeeds clears it. Any other I/O error still fails the store for good.
@@ -30,24 +31,21 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::rc::Rc;
 
+use super::commit_path::{CommitPath, Logged};
 use super::engine::{Engine, LsmEnv, LsmStats, Opened};
 use super::io as dio;
 use super::options::LsmOptions;
 use super::signal::Signal;
-use crate::key::Key;
-use crate::log::{recovery, Command, Log, Wal};
-use crate::message::Value;
-use crate::storage::{Store, StoreError, Sync};
+use crate::log::{recovery, Wal};
+use crate::storage::StoreError;
 
 /// The io_uring LSM store of one shard with its standalone command log. Create it on the
 /// shard's executor with [`LsmStore::open`]; use it through [`Store`]; end with
 /// [`LsmStore::close`].
 pub struct LsmStore {
+    path: CommitPath,
     engine: Rc<Engine>,
     wal: Rc<Wal>,
-    wal_bytes_max: u64,
-    /// Notified each time the reclaimer has released what a flush covers (or stopped).
-    reclaimed: Rc<Signal>,
     reclaimer: RefCell<Option<glommio::task::JoinHandle<()>>>,
 }
 
@@ -99,74 +97,19 @@ impl LsmStore {
         wal.start();
         engine.start()?;
         let engine = Rc::new(engine);
-        let reclaimed = Rc::new(Signal::default());
+        let path = CommitPath::new(Rc::clone(&engine), Rc::clone(&wal), wal_bytes_max);
         let reclaimer = glommio::spawn_local(reclaim(
             Rc::clone(&engine),
             Rc::clone(&wal),
-            Rc::clone(&reclaimed),
+            Rc::clone(path.reclaimed()),
         ))
         .detach();
         Ok(LsmStore {
+            path,
             engine,
             wal,
-            wal_bytes_max,
-            reclaimed,
             reclaimer: RefCell::new(Some(reclaimer)),
         })
-    }
-
-    /// Appends `command` to the log and applies it; with `Sync::Durable`, resolves after the
-    /// fdatasync that covers it. Returns the command's log index.
-    pub async fn commit(&self, command: &Command, sync: Sync) -> Result<u64, StoreError> {
-        if let Some(path) = self.disk_full() {
-            // Refused before the log: this command is not stored (see the module docs).
-            return Err(StoreError::DiskFull { path });
-        }
-        let turn = self.engine.admit().await?;
-        if command.is_empty() {
-            drop(turn);
-            let last = self.wal.next_seq().saturating_sub(1);
-            if sync == Sync::Durable {
-                self.wal.sync_all().await?;
-            }
-            return Ok(last);
-        }
-        self.wait_for_log_room().await?;
-        let index = self.wal.propose(command).await?;
-        let froze = self.engine.apply(index, command);
-        let over_cap = self.engine.nothing_frozen() && self.wal.live_bytes() >= self.wal_bytes_max;
-        if froze || (over_cap && self.engine.freeze()) {
-            // A segment's records then belong to as few memtables as possible and can be
-            // released together.
-            self.wal.roll();
-        }
-        drop(turn);
-        if sync == Sync::Durable {
-            Log::wait_durable(&*self.wal, index).await?;
-        }
-        Ok(index)
-    }
-
-    /// Makes the WAL cap a bound (see the module docs): while the log takes `wal_bytes_max` on
-    /// disk, freezes the memtable (and rolls the log) so a flush will release segments, and
-    /// waits for that release. With nothing to freeze (an empty memtable) there is nothing to
-    /// release either: the append goes ahead rather than wait forever.
-    async fn wait_for_log_room(&self) -> Result<(), StoreError> {
-        loop {
-            if self.wal.live_bytes() < self.wal_bytes_max {
-                return Ok(());
-            }
-            if self.engine.nothing_frozen() {
-                if !self.engine.freeze() {
-                    return Ok(());
-                }
-                self.wal.roll();
-            }
-            let released = self.reclaimed.wait();
-            self.engine.check_writable()?;
-            self.wal.check()?;
-            released.await;
-        }
     }
 
     /// Freezes the active memtable (if it holds anything) and waits until every frozen memtable
@@ -206,13 +149,13 @@ impl LsmStore {
             return result;
         }
         let wal_result = self.wal.shutdown().await;
-        let covered = self.wal.compact_through(self.engine.flushed_index());
+        let covered = self.wal.release_through(self.engine.flushed_index());
         self.engine.finish_close().await;
         if let Some(task) = self.reclaimer.borrow_mut().take() {
             task.cancel();
         }
         // Writers waiting for room in the log find the store closed.
-        self.reclaimed.notify();
+        self.path.reclaimed().notify();
         for path in covered {
             dio::remove(&path).await?;
         }
@@ -222,7 +165,7 @@ impl LsmStore {
     /// The file a write could not extend for lack of space (log first, then tables), while
     /// writes are refused for it.
     pub fn disk_full(&self) -> Option<String> {
-        self.wal.disk_full().or_else(|| self.engine.disk_full())
+        self.path.disk_full()
     }
 
     /// What the store knows of its health (disk full, unreadable blocks).
@@ -281,7 +224,7 @@ async fn reclaim(engine: Rc<Engine>, wal: Rc<Wal>, reclaimed: Rc<Signal>) {
             reclaimed.notify();
             return;
         }
-        for path in wal.compact_through(engine.flushed_index()) {
+        for path in wal.release_through(engine.flushed_index()) {
             if let Err(e) = dio::remove(&path).await {
                 tracing::warn!(file = %path.display(), error = %e, "could not remove a WAL segment the tables cover; the next start will");
             }
@@ -290,29 +233,14 @@ async fn reclaim(engine: Rc<Engine>, wal: Rc<Wal>, reclaimed: Rc<Signal>) {
     }
 }
 
-impl Store for LsmStore {
-    async fn commit(&self, command: &Command, sync: Sync) -> Result<u64, StoreError> {
-        LsmStore::commit(self, command, sync).await
+impl Logged for LsmStore {
+    type Log = Wal;
+
+    fn path(&self) -> &CommitPath {
+        &self.path
     }
 
-    async fn scan(
-        &self,
-        start: &[u8],
-        end: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<(Key, Value)>, StoreError> {
-        self.engine.scan(start, end, limit).await
-    }
-
-    async fn first_key(&self, start: &[u8], end: Option<&[u8]>) -> Result<Option<Key>, StoreError> {
-        self.engine.first_key(start, end).await
-    }
-
-    async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
-        self.engine.get(key).await
-    }
-
-    fn event_id_high_water(&self) -> u64 {
-        self.engine.event_id_high_water()
+    fn log(&self) -> &Wal {
+        &self.wal
     }
 }

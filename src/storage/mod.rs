@@ -8,7 +8,9 @@
 //! sorted tables ([`table`]), the list of live files ([`manifest`]), the compaction policy
 //! ([`compaction`]), the engine's recovery ([`recovery`]) and the glommio shell that ties them
 //! together ([`engine`]). The engine has no log of its own: [`LsmStore`] ([`lsm`]) puts the
-//! shard's command log (`crate::log`, the WAL standalone) in front of it. The shard's shell opens
+//! shard's command log (`crate::log`, the WAL standalone) in front of it, and [`commit_path`] is the
+//! one way a command reaches the engine, for it and for the replicated store
+//! (`crate::cluster::driver`) alike. The shard's shell opens
 //! one [`LsmStore`] on its own executor and uses it through [`crate::storage::Store`]; nothing else
 //! in pinq touches these files.
 //!
@@ -24,6 +26,7 @@
 //! [`engine::Clock`]. Nothing here may block the shard's thread on I/O after [`LsmStore::open`]
 //! returns (recovery may, once, before the shard serves).
 
+pub mod commit_path;
 pub mod compaction;
 pub mod engine;
 pub mod io;
@@ -39,6 +42,7 @@ pub(crate) mod signal;
 pub mod store;
 pub mod table;
 
+pub use commit_path::{CommitPath, Logged};
 pub use compaction::{Choice, CompactionConfig, TableSummary};
 pub use engine::{Engine, LsmEnv, LsmStats};
 pub use lsm::LsmStore;

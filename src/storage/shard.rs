@@ -1,7 +1,8 @@
 //! `ShardStore`: the storage engine a shard runs, chosen by `storage.engine`, and how it is opened.
 //!
 //! A closed enum rather than a trait object: `Store` has async methods, and the set of engines is
-//! pinq's own. Every method delegates. [`ShardStore::open`] runs inside the shard's executor:
+//! pinq's own. Both logged engines commit through `crate::storage::CommitPath` and read from
+//! their LSM engine, so a method has two cases: the engine or the memory store. [`ShardStore::open`] runs inside the shard's executor:
 //! the LSM engine's DMA files belong to the executor that opens them, and its recovery makes
 //! direct-I/O reads work on the disk first (the glommio polled-I/O probe trap, see
 //! `storage::io::probe_disk`). It never panics: a bad data directory or a corrupt file is an
@@ -18,7 +19,7 @@ use crate::key::Key;
 use crate::log::Command;
 use crate::message::Value;
 use crate::metrics::StorageFigures;
-use crate::storage::{LsmOptions, LsmStore};
+use crate::storage::{Engine, LsmOptions, LsmStore, Logged};
 use crate::storage::{MemStore, Store, StoreError, StoreHealth, Sync};
 
 pub enum ShardStore {
@@ -137,13 +138,22 @@ impl ShardStore {
     }
 }
 
+impl ShardStore {
+    /// Where reads go: the LSM engine behind either log, or the memory store.
+    fn engine(&self) -> Result<&Engine, &MemStore> {
+        match self {
+            ShardStore::Memory(s) => Err(s),
+            ShardStore::Lsm(s) => Ok(s.path().engine()),
+            ShardStore::Replicated(s) => Ok(s.path().engine()),
+        }
+    }
+}
+
+/// Commits go to the engine's own path (both logged engines take `CommitPath`); reads to
+/// the engine or the memory store.
 impl Store for ShardStore {
     async fn commit(&self, command: &Command, sync: Sync) -> Result<u64, StoreError> {
-        match self {
-            ShardStore::Memory(s) => s.commit(command, sync).await,
-            ShardStore::Lsm(s) => s.commit(command, sync).await,
-            ShardStore::Replicated(s) => s.commit(command, sync).await,
-        }
+        self.commit_accepting(command, sync, || {}).await
     }
 
     async fn commit_accepting(
@@ -153,20 +163,16 @@ impl Store for ShardStore {
         accepted: impl FnOnce(),
     ) -> Result<u64, StoreError> {
         match self {
+            ShardStore::Memory(s) => s.commit_accepting(command, sync, accepted).await,
+            ShardStore::Lsm(s) => s.commit_accepting(command, sync, accepted).await,
             ShardStore::Replicated(s) => s.commit_accepting(command, sync, accepted).await,
-            other => {
-                let index = other.commit(command, sync).await?;
-                accepted();
-                Ok(index)
-            }
         }
     }
 
     fn event_id_high_water(&self) -> u64 {
-        match self {
-            ShardStore::Memory(s) => s.event_id_high_water(),
-            ShardStore::Lsm(s) => s.event_id_high_water(),
-            ShardStore::Replicated(s) => s.event_id_high_water(),
+        match self.engine() {
+            Ok(engine) => engine.event_id_high_water(),
+            Err(memory) => memory.event_id_high_water(),
         }
     }
 
@@ -176,26 +182,23 @@ impl Store for ShardStore {
         end: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<(Key, Value)>, StoreError> {
-        match self {
-            ShardStore::Memory(s) => s.scan(start, end, limit).await,
-            ShardStore::Lsm(s) => s.scan(start, end, limit).await,
-            ShardStore::Replicated(s) => s.scan(start, end, limit).await,
+        match self.engine() {
+            Ok(engine) => engine.scan(start, end, limit).await,
+            Err(memory) => memory.scan(start, end, limit).await,
         }
     }
 
     async fn first_key(&self, start: &[u8], end: Option<&[u8]>) -> Result<Option<Key>, StoreError> {
-        match self {
-            ShardStore::Memory(s) => s.first_key(start, end).await,
-            ShardStore::Lsm(s) => s.first_key(start, end).await,
-            ShardStore::Replicated(s) => s.first_key(start, end).await,
+        match self.engine() {
+            Ok(engine) => engine.first_key(start, end).await,
+            Err(memory) => memory.first_key(start, end).await,
         }
     }
 
     async fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
-        match self {
-            ShardStore::Memory(s) => s.get(key).await,
-            ShardStore::Lsm(s) => s.get(key).await,
-            ShardStore::Replicated(s) => s.get(key).await,
+        match self.engine() {
+            Ok(engine) => engine.get(key).await,
+            Err(memory) => memory.get(key).await,
         }
     }
 }
