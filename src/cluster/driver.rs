@@ -1,6 +1,8 @@
 //! [`ReplicatedStore`]: a shard's durable state in a cluster, the glommio shell around a
 //! [`Replica`] — the Raft log (the shard's WAL) in front of the LSM [`Engine`], behind
-//! [`crate::storage::Store`].
+//! [`crate::storage::Store`]. The Raft log is a [`Log`]: commits take the standalone store's
+//! path ([`CommitPath`]: admission, room under the log-size cap, propose, wait), and the driver
+//! applies committed entries through `CommitPath::apply`.
 //!
 //! ```text
 //!  commit(cmd) ──propose──▶ Replica ──Ready──▶ driver loop ──▶ WAL (records; one fdatasync per
@@ -28,6 +30,9 @@
 //! past what the slowest follower has unless it is further behind than `logRetainEntries`; a
 //! checkpoint record (compaction point and hard state) is made durable before the WAL segments
 //! it supersedes are removed.
+//! Writers waiting for room under the cap look again after each compaction. A follower keeps
+//! the same bound: while its log is at the cap with a flush on its way, [`ReplicatedStore::step`]
+//! leaves a leader's entries unanswered (counted as `log_full`) and the leader resends them.
 //!
 //! Open: the engine loads its tables (its manifest's `applied_index` is a Raft index), the WAL's
 //! records rebuild the [`RaftLog`], and Raft itself hands back the committed entries past the

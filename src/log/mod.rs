@@ -15,8 +15,9 @@
 //! replicated log (Raft) takes the WAL's place behind the same seam: its entries carry the same
 //! encoded commands, and committed entries go through the same apply.
 //!
-//! Who calls it: `crate::storage::LsmStore` owns a [`wal::Wal`] and an engine and runs
-//! propose → apply → wait; the pipeline only produces commands.
+//! Who calls it: `crate::storage::CommitPath`, the one commit path of both stores (the standalone
+//! `LsmStore` with a [`wal::Wal`], the replicated store with its Raft log), runs propose →
+//! apply → wait; the pipeline only produces commands.
 
 pub mod command;
 pub mod copies;
