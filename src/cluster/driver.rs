@@ -525,20 +525,7 @@ impl ReplicatedStore {
             what,
         };
         let commands = super::snapshot::decode(&snapshot.data).map_err(corrupt)?;
-        loop {
-            let rows = self.path.engine().scan(&[], None, SNAPSHOT_PAGE_KEYS).await?;
-            if rows.is_empty() {
-                break;
-            }
-            let keys = rows
-                .into_iter()
-                .filter_map(|(k, _)| crate::key::EventKey::parse(&k).ok())
-                .collect::<Vec<_>>();
-            if keys.is_empty() {
-                break;
-            }
-            self.apply_one(index, &Command::Delete { keys }).await?;
-        }
+        self.forget_messages(index).await?;
         self.forget_sequences(index).await?;
         self.forget_copy_records(index).await?;
         for command in &commands {
@@ -557,6 +544,30 @@ impl ReplicatedStore {
             .set(self.snapshots_installed.get() + 1);
         tracing::info!(dir = %self.path.engine().dir().display(), index, commands = commands.len(), "installed a snapshot from the leader");
         Ok(())
+    }
+
+    /// Deletes every message this follower held before a snapshot, a page at a time, each
+    /// page read from after the last one (not from the first key again: the deletes it made
+    /// are tombstones every later scan would step over, quadratic in the shard's size).
+    async fn forget_messages(&self, index: u64) -> Result<(), StoreError> {
+        let mut start = Key::new();
+        loop {
+            let rows = self.path.engine().scan(&start, None, SNAPSHOT_PAGE_KEYS).await?;
+            let Some((last, _)) = rows.last() else {
+                return Ok(());
+            };
+            start = last.clone();
+            start.push(0);
+            let keys = rows
+                .into_iter()
+                .filter_map(|(k, _)| crate::key::EventKey::parse(&k).ok())
+                .collect::<Vec<_>>();
+            if keys.is_empty() {
+                // Past the event keys (the scan is in key order): nothing more to delete.
+                return Ok(());
+            }
+            self.apply_one(index, &Command::Delete { keys }).await?;
+        }
     }
 
     /// Drops every idempotent-publish entry this follower held before a snapshot: the

@@ -185,7 +185,12 @@ async fn watchdog(
     let tick = Watchdog::tick(limits);
     let mut dog = Watchdog::new(limits, now_ms());
     loop {
-        glommio::timer::sleep(tick).await;
+        futures_lite::future::or(glommio::timer::sleep(tick), receipts.revoked()).await;
+        if receipts.revoked_with_calls_out() {
+            return "reset: the shard that sent its unanswered deliveries stopped serving them \
+                    (it lost its leadership)"
+                .into();
+        }
         if receipts.overdue(now_ms(), limits.deliver_timeout_ms) {
             return format!(
                 "reset: a deliver call was not answered within server.deliverTimeout ({} ms)",
@@ -863,7 +868,7 @@ impl broker::Server for BrokerImpl {
         let (topic, group, consumer_cap, queue_size) = subscribe_params(&params)?;
         self.admit(Some(Action::Consume { topic: &topic }))?;
         let owner = TopicHash::of(&topic).shard(self.shard.count);
-        let (sink_id, sink, notify) = self.shard.open_sink();
+        let (sink_id, sink, notify) = self.shard.open_sink(self.receipts.clone());
         let uuid = uuid::Uuid::new_v4();
         let sink_addr = SinkAddr {
             shard: self.shard.id,

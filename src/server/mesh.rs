@@ -131,7 +131,8 @@ pub enum ShardMsg {
         keys: Vec<crate::key::EventKey>,
     },
     /// The owner stopped serving the consumer behind this sink (it lost leadership): end the
-    /// subscription's stream so the client subscribes again, on the new leader.
+    /// subscription's stream so the client subscribes again, on the new leader, and revoke
+    /// the deliveries still unanswered (`Shard::revoke_sink`).
     CloseSink {
         sink: u64,
     },

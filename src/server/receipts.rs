@@ -10,6 +10,12 @@
 //! reset with a TCP RST ([`reset`]), which discards every byte still queued for the client, so
 //! the copies it held, released at once to other consumers as a disconnect, can never also
 //! arrive here late.
+//!
+//! The same reset ends a connection whose unanswered calls were handed out by a shard that
+//! stopped serving (it lost its leadership: [`Receipts::revoke`]). A new leader knows nothing of
+//! them and hands their copies to other consumers; a call still in the old leader's send queue
+//! behind a cut network would otherwise reach its client when the cut heals, after another
+//! consumer's durable ACK of the same message was answered `ok`.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -22,6 +28,10 @@ use std::rc::Rc;
 pub struct Receipts {
     next: Cell<u64>,
     outstanding: RefCell<BTreeMap<u64, u64>>,
+    /// A shard that handed out deliveries on this connection stopped serving them.
+    revoked: Cell<bool>,
+    /// Wakes the connection's watch when `revoked` is set.
+    revoked_signal: crate::storage::signal::Signal,
 }
 
 /// One `deliver` call awaiting its answer; dropping it (answered, failed or abandoned) takes
@@ -61,6 +71,29 @@ impl Receipts {
     pub fn overdue(&self, now_ms: u64, timeout_ms: u64) -> bool {
         self.oldest_wait_ms(now_ms)
             .is_some_and(|waited| waited >= timeout_ms)
+    }
+
+    /// A shard whose deliveries travel on this connection stopped serving them (it lost its
+    /// leadership): if calls are unanswered, the connection's watch resets it at once.
+    pub fn revoke(&self) {
+        if !self.is_empty() {
+            self.revoked.set(true);
+            self.revoked_signal.notify();
+        }
+    }
+
+    /// Whether calls are unanswered after a [`Receipts::revoke`] (the flag is cleared once every
+    /// call was answered: nothing is then on its way).
+    pub fn revoked_with_calls_out(&self) -> bool {
+        if self.is_empty() {
+            self.revoked.set(false);
+        }
+        self.revoked.get()
+    }
+
+    /// Resolves at the next [`Receipts::revoke`] that found calls unanswered.
+    pub fn revoked(&self) -> impl std::future::Future<Output = ()> + '_ {
+        self.revoked_signal.wait()
     }
 
     /// Calls awaiting their answer.
@@ -103,6 +136,24 @@ pub fn reset(fd: RawFd) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_revoke_counts_only_while_calls_are_unanswered() {
+        let receipts = Rc::new(Receipts::default());
+        receipts.revoke();
+        assert!(!receipts.revoked_with_calls_out(), "nothing was out");
+        let call = receipts.sent(100);
+        assert!(!receipts.revoked_with_calls_out());
+        receipts.revoke();
+        assert!(receipts.revoked_with_calls_out());
+        drop(call);
+        assert!(!receipts.revoked_with_calls_out(), "the call was answered");
+        let _later = receipts.sent(200);
+        assert!(
+            !receipts.revoked_with_calls_out(),
+            "a call sent after every earlier one was answered is not revoked"
+        );
+    }
 
     #[test]
     fn the_oldest_unanswered_call_decides_and_answered_calls_leave() {

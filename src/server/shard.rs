@@ -59,6 +59,8 @@ pub struct Sink {
     pub queue: RefCell<VecDeque<Delivery>>,
     notify: LocalSender<()>,
     pub closed: Cell<bool>,
+    /// The `deliver` calls of the connection this sink feeds.
+    receipts: Rc<super::receipts::Receipts>,
 }
 
 impl Sink {
@@ -659,7 +661,7 @@ impl Shard {
             }
             ShardMsg::Deliver { sink, deliveries } => self.deliver_local(sink, deliveries),
             ShardMsg::Credit { consumer, keys } => self.add_credit(consumer, &keys),
-            ShardMsg::CloseSink { sink } => self.close_sink(sink),
+            ShardMsg::CloseSink { sink } => self.revoke_sink(sink),
             ShardMsg::RaftIn(messages) => {
                 if let Some(store) = self.replicated() {
                     for message in messages {
@@ -815,12 +817,12 @@ impl Shard {
     }
 
     /// Ends every consumer's stream this shard serves (their clients subscribe again, on the
-    /// shard's leader).
+    /// shard's leader), and revokes the deliveries still unanswered (see `revoke_sink`).
     fn end_streams(self: &Rc<Self>) {
         let routes: Vec<Route> = self.routes.borrow_mut().drain().map(|(_, r)| r).collect();
         for route in routes {
             if route.sink.shard == self.id {
-                self.close_sink(route.sink.sink);
+                self.revoke_sink(route.sink.sink);
             } else {
                 self.spawn_close_sink(route.sink);
             }
@@ -916,7 +918,11 @@ impl Shard {
 
     // ---- sinks (connection side) ---------------------------------------------------------
 
-    pub fn open_sink(&self) -> (u64, Rc<Sink>, LocalReceiver<()>) {
+    /// A sink for a subscription of the connection whose `deliver` calls are `receipts`.
+    pub fn open_sink(
+        &self,
+        receipts: Rc<super::receipts::Receipts>,
+    ) -> (u64, Rc<Sink>, LocalReceiver<()>) {
         let id = self.next_sink.get();
         self.next_sink.set(id + 1);
         let (notify, rx) = local_channel::new_bounded(1);
@@ -924,6 +930,7 @@ impl Shard {
             queue: RefCell::new(VecDeque::new()),
             notify,
             closed: Cell::new(false),
+            receipts,
         });
         self.sinks.borrow_mut().insert(id, sink.clone());
         (id, sink, rx)
@@ -931,6 +938,16 @@ impl Shard {
 
     pub fn close_sink(&self, id: u64) {
         if let Some(sink) = self.sinks.borrow_mut().remove(&id) {
+            sink.close();
+        }
+    }
+
+    /// Ends a stream whose owner stopped serving it (it lost its leadership): besides the
+    /// close, the deliveries it sent that are still unanswered are revoked, and their
+    /// connection is reset (`super::receipts`).
+    pub fn revoke_sink(&self, id: u64) {
+        if let Some(sink) = self.sinks.borrow_mut().remove(&id) {
+            sink.receipts.revoke();
             sink.close();
         }
     }

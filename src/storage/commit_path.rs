@@ -104,12 +104,16 @@ impl CommitPath {
         drop(turn);
         let mut accepted = Some(accepted);
         if sync == Sync::Buffered {
-            accepted.take().map(|f| f());
+            if let Some(f) = accepted.take() {
+                f();
+            }
         }
         if sync == Sync::Durable || !applies_here {
             log.wait_durable(index).await?;
         }
-        accepted.map(|f| f());
+        if let Some(f) = accepted {
+            f();
+        }
         Ok(index)
     }
 
