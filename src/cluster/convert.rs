@@ -30,7 +30,7 @@ use std::rc::Rc;
 use raft::eraftpb::HardState;
 
 use super::record::RaftRecord;
-use crate::log::wal::segment_name;
+use crate::log::wal::{segment_name, RECORD_HEADER_BYTES};
 use crate::log::{recovery, Command, Wal};
 use crate::storage::io as dio;
 use crate::storage::{manifest, LsmOptions, LsmStore, StoreError};
@@ -246,22 +246,75 @@ pub async fn convert_data_dir(
     Ok(outcomes)
 }
 
-/// What the shard directory `dir` is. Reads; changes no file.
+/// What the shard directory `dir` is. Reads; changes no file. Each segment is checked on
+/// its own (`recovery::scan_segment`): where the log starts depends on what it is (a
+/// standalone log continues the tables' index, a Raft log numbers its records from 1), and
+/// the open that follows checks the whole.
 pub async fn inspect(dir: &Path) -> Result<ShardKind, ConvertError> {
     let applied_index = manifest::read_blocking(dir)
         .map_err(store_error(dir))?
         .map_or(0, |m| m.applied_index);
+    let segments = log_segments(dir)?;
     let mut kinds = RecordKinds::default();
-    // The one reader of the log, for its checks; its cleanup (`finish`) is not run.
-    recovery::recover_records(dir, 0, recovery::RecoveryPolicy::default(), |_, payload| {
-        kinds.count(payload)
-    })
-    .await
-    .map_err(store_error(dir))?;
-    classify(kinds, applied_index).map_err(|reason| ConvertError::Unrecognised {
-        dir: dir.display().to_string(),
-        reason: reason.to_string(),
-    })
+    for (i, (first_seq, path)) in segments.iter().enumerate() {
+        count_segment(&mut kinds, path, *first_seq, i + 1 == segments.len())?;
+        glommio::yield_if_needed().await;
+    }
+    classify(kinds, applied_index).map_err(|reason| unrecognised(dir, reason.to_string()))
+}
+
+fn unrecognised(path: &Path, reason: String) -> ConvertError {
+    ConvertError::Unrecognised {
+        dir: path.display().to_string(),
+        reason,
+    }
+}
+
+/// The WAL segments of `dir` (`wal-<first seq>.log`), oldest first.
+fn log_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, ConvertError> {
+    let listing = std::fs::read_dir(dir).map_err(|e| store_error(dir)(dio_error(dir, e)))?;
+    let mut segments = Vec::new();
+    for entry in listing {
+        let entry = entry.map_err(|e| store_error(dir)(dio_error(dir, e)))?;
+        let name = entry.file_name();
+        if let Some(first_seq) = name.to_str().and_then(crate::log::wal::parse_segment_name) {
+            segments.push((first_seq, entry.path()));
+        }
+    }
+    segments.sort();
+    Ok(segments)
+}
+
+/// Counts what the intact records of one segment are.
+fn count_segment(
+    kinds: &mut RecordKinds,
+    path: &Path,
+    first_seq: u64,
+    is_last: bool,
+) -> Result<(), ConvertError> {
+    let bytes = dio::read_blocking(path).map_err(|e| store_error(path)(dio_error(path, e)))?;
+    let scan = recovery::scan_segment(&bytes, first_seq, is_last).map_err(|d| {
+        unrecognised(
+            path,
+            format!("byte {}: {}; {}", d.offset, d.reason, d.evidence),
+        )
+    })?;
+    for &(offset, seq) in &scan.records {
+        let payload = bytes
+            .get(offset..offset + RECORD_HEADER_BYTES)
+            .and_then(|h| h.get(..4))
+            .and_then(|len| len.try_into().ok())
+            .map(|len: [u8; 4]| u32::from_le_bytes(len) as usize)
+            .and_then(|len| {
+                let start = offset + RECORD_HEADER_BYTES;
+                bytes.get(start..start + len)
+            })
+            .ok_or_else(|| unrecognised(path, format!("record {seq} at byte {offset} is cut")))?;
+        kinds
+            .count(payload)
+            .map_err(|e| unrecognised(path, format!("record {seq} at byte {offset}: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Converts one shard directory, or says why it needs nothing.
@@ -360,17 +413,8 @@ async fn stage_raft_log(
 
 /// Removes every WAL segment of `dir` (the tables hold what they held), then syncs it.
 fn remove_log_segments(dir: &Path) -> Result<(), ConvertError> {
-    let listing = std::fs::read_dir(dir).map_err(|e| store_error(dir)(dio_error(dir, e)))?;
-    for entry in listing {
-        let entry = entry.map_err(|e| store_error(dir)(dio_error(dir, e)))?;
-        let name = entry.file_name();
-        if name
-            .to_str()
-            .and_then(crate::log::wal::parse_segment_name)
-            .is_some()
-        {
-            dio::remove_blocking(&entry.path()).map_err(store_error(dir))?;
-        }
+    for (_, path) in log_segments(dir)? {
+        dio::remove_blocking(&path).map_err(store_error(dir))?;
     }
     dio::sync_dir_blocking(dir).map_err(store_error(dir))
 }
