@@ -225,7 +225,8 @@ fn convert_refuses_a_directory_in_use_a_converted_one_and_one_that_is_not_pinqs(
     assert!(err.contains("holds no shard directory"), "{err}");
 
     let data_dir = tmp.path().join("data");
-    let mut server = Server::start_in(&data_dir, STANDALONE_ARGS, &[]);
+    // Two shards: the topic's holds a message, the other stays empty.
+    let mut server = Server::start_in(&data_dir, &["--cpus", "0,1"], &[]);
     let (code, _, err) = cli_within(
         &[
             "publish", "--server", &server.server_arg(), "--topic", TOPIC, "--ack", "durable",
@@ -240,6 +241,9 @@ fn convert_refuses_a_directory_in_use_a_converted_one_and_one_that_is_not_pinqs(
     assert_eq!(server.signal_and_wait("TERM", Duration::from_secs(30)), Some(0));
     let (code, out, err) = convert(&data_dir);
     assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.matches("converted: its raft log").count(), 1, "{out}");
+    assert_eq!(out.matches("empty, nothing to convert").count(), 1, "{out}");
+    assert!(out.contains("(2 shard(s))"), "{out}");
     let (code, _, err) = convert(&data_dir);
     assert_eq!(code, 1);
     assert!(err.contains("already a cluster member's data directory"), "{err}");

@@ -237,10 +237,15 @@ pub async fn convert_data_dir(
         let outcome = convert_shard(&dir, options, stop_after).await?;
         outcomes.push((dir, outcome));
     }
-    if outcomes
+    // Nothing converted and a shard already clustered (the others empty): an earlier run did
+    // the job.
+    let converted = outcomes
         .iter()
-        .all(|(_, o)| *o == Outcome::AlreadyClustered)
-    {
+        .any(|(_, o)| matches!(o, Outcome::Converted { .. }));
+    let clustered = outcomes
+        .iter()
+        .any(|(_, o)| *o == Outcome::AlreadyClustered);
+    if clustered && !converted {
         return Err(ConvertError::AlreadyClustered { dir: name });
     }
     Ok(outcomes)
