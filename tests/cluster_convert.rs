@@ -74,13 +74,10 @@ fn standalone_with_state(data_dir: &Path) -> (Server, BTreeSet<String>) {
         let mut got = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         while got.len() < IMMEDIATE + 1 && Instant::now() < deadline {
-            let batch = futures_lite::future::or(
-                async { sub.recv_batch(64).await.ok() },
-                async {
-                    glommio::timer::sleep(Duration::from_millis(100)).await;
-                    None
-                },
-            )
+            let batch = futures_lite::future::or(async { sub.recv_batch(64).await.ok() }, async {
+                glommio::timer::sleep(Duration::from_millis(100)).await;
+                None
+            })
             .await;
             got.extend(batch.unwrap_or_default());
         }
@@ -90,11 +87,16 @@ fn standalone_with_state(data_dir: &Path) -> (Server, BTreeSet<String>) {
             .collect();
         acked.sort_by(|a, b| a.payload.cmp(&b.payload));
         let tags: Vec<_> = acked.iter().take(ACKED).map(|d| d.tag).collect();
-        assert_eq!(tags.len(), ACKED, "the standalone broker delivered too little");
+        assert_eq!(
+            tags.len(),
+            ACKED,
+            "the standalone broker delivered too little"
+        );
         let results = sub.ack(&tags).await.expect("ack");
         assert!(results.iter().all(|r| *r == TagResult::Ok), "{results:?}");
     });
-    let mut expected: BTreeSet<String> = (ACKED..IMMEDIATE).map(|i| format!("now-{i:02}")).collect();
+    let mut expected: BTreeSet<String> =
+        (ACKED..IMMEDIATE).map(|i| format!("now-{i:02}")).collect();
     expected.extend((0..DELAYED).map(|i| format!("later-{i:02}")));
     expected.insert("once".to_string());
     (server, expected)
@@ -139,8 +141,17 @@ fn consume(cluster: &Cluster, count: usize, timeout: &str) -> Vec<String> {
     let count = count.to_string();
     let (code, out, err) = cli_within(
         &[
-            "consume", "--server", &servers, "--topic", TOPIC, "--group", GROUP, "--count",
-            &count, "--timeout", timeout,
+            "consume",
+            "--server",
+            &servers,
+            "--topic",
+            TOPIC,
+            "--group",
+            GROUP,
+            "--count",
+            &count,
+            "--timeout",
+            timeout,
         ],
         None,
         CLI_LIMIT,
@@ -153,7 +164,10 @@ fn consume(cluster: &Cluster, count: usize, timeout: &str) -> Vec<String> {
 fn convert_and_serve_as_cluster(data_dir: &Path, expected: &BTreeSet<String>) {
     let (code, out, err) = convert(data_dir);
     assert_eq!(code, 0, "convert failed: {out}{err}");
-    assert!(out.contains("converted: its raft log starts after index"), "{out}");
+    assert!(
+        out.contains("converted: its raft log starts after index"),
+        "{out}"
+    );
     let mut cluster = Cluster::new(3, CLUSTER_ENV);
     for id in cluster.ids() {
         copy_tree(data_dir, &cluster.member(id).data_dir);
@@ -172,13 +186,29 @@ fn convert_and_serve_as_cluster(data_dir: &Path, expected: &BTreeSet<String>) {
     });
     let delivered = consume(&cluster, expected.len(), "20s");
     let got: BTreeSet<String> = delivered.iter().cloned().collect();
-    assert_eq!(got.len(), delivered.len(), "a copy came twice: {delivered:?}");
-    assert_eq!(&got, expected, "the cluster must deliver exactly the un-ACKed messages");
+    assert_eq!(
+        got.len(),
+        delivered.len(),
+        "a copy came twice: {delivered:?}"
+    );
+    assert_eq!(
+        &got, expected,
+        "the cluster must deliver exactly the un-ACKed messages"
+    );
     let again = consume(&cluster, 100, "2s");
-    assert!(again.is_empty(), "delivered again or not expected: {again:?}");
+    assert!(
+        again.is_empty(),
+        "delivered again or not expected: {again:?}"
+    );
     let (code, _, err) = cli_within(
         &[
-            "publish", "--server", &cluster.addr(leader), "--topic", TOPIC, "--ack", "durable",
+            "publish",
+            "--server",
+            &cluster.addr(leader),
+            "--topic",
+            TOPIC,
+            "--ack",
+            "durable",
         ],
         Some("after\n"),
         CLI_LIMIT,
@@ -196,7 +226,10 @@ fn a_standalone_directory_stopped_by_sigterm_becomes_a_three_node_cluster() {
     let tmp = tempfile::tempdir().expect("temp dir");
     let data_dir = tmp.path().join("data");
     let (mut server, expected) = standalone_with_state(&data_dir);
-    assert_eq!(server.signal_and_wait("TERM", Duration::from_secs(30)), Some(0));
+    assert_eq!(
+        server.signal_and_wait("TERM", Duration::from_secs(30)),
+        Some(0)
+    );
     convert_and_serve_as_cluster(&data_dir, &expected);
 }
 
@@ -229,7 +262,13 @@ fn convert_refuses_a_directory_in_use_a_converted_one_and_one_that_is_not_pinqs(
     let mut server = Server::start_in(&data_dir, &["--cpus", "0,1"], &[]);
     let (code, _, err) = cli_within(
         &[
-            "publish", "--server", &server.server_arg(), "--topic", TOPIC, "--ack", "durable",
+            "publish",
+            "--server",
+            &server.server_arg(),
+            "--topic",
+            TOPIC,
+            "--ack",
+            "durable",
         ],
         Some("one\n"),
         CLI_LIMIT,
@@ -237,8 +276,14 @@ fn convert_refuses_a_directory_in_use_a_converted_one_and_one_that_is_not_pinqs(
     assert_eq!(code, 0, "{err}");
     let (code, _, err) = convert(&data_dir);
     assert_eq!(code, 1, "converting a running broker's directory: {err}");
-    assert!(err.contains("while it is in use") && err.contains("pid"), "{err}");
-    assert_eq!(server.signal_and_wait("TERM", Duration::from_secs(30)), Some(0));
+    assert!(
+        err.contains("while it is in use") && err.contains("pid"),
+        "{err}"
+    );
+    assert_eq!(
+        server.signal_and_wait("TERM", Duration::from_secs(30)),
+        Some(0)
+    );
     let (code, out, err) = convert(&data_dir);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(out.matches("converted: its raft log").count(), 1, "{out}");
@@ -246,7 +291,10 @@ fn convert_refuses_a_directory_in_use_a_converted_one_and_one_that_is_not_pinqs(
     assert!(out.contains("(2 shard(s))"), "{out}");
     let (code, _, err) = convert(&data_dir);
     assert_eq!(code, 1);
-    assert!(err.contains("already a cluster member's data directory"), "{err}");
+    assert!(
+        err.contains("already a cluster member's data directory"),
+        "{err}"
+    );
 }
 
 /// `pinq cluster convert` with the fault hook: stops (exit 1) after `step`.
@@ -279,8 +327,15 @@ fn opens_standalone_with(data_dir: &Path, expected: &BTreeSet<String>) {
     let count = expected.len().to_string();
     let (code, out, err) = cli_within(
         &[
-            "consume", "--server", &server.server_arg(), "--topic", TOPIC, "--count", &count,
-            "--timeout", "10s",
+            "consume",
+            "--server",
+            &server.server_arg(),
+            "--topic",
+            TOPIC,
+            "--count",
+            &count,
+            "--timeout",
+            "10s",
         ],
         None,
         CLI_LIMIT,
@@ -300,7 +355,13 @@ fn a_conversion_stopped_after_any_step_leaves_a_directory_that_opens_and_a_rerun
     let payloads: Vec<String> = (0..20).map(|i| format!("kept-{i:02}")).collect();
     let (code, _, err) = cli_within(
         &[
-            "publish", "--server", &server.server_arg(), "--topic", TOPIC, "--ack", "durable",
+            "publish",
+            "--server",
+            &server.server_arg(),
+            "--topic",
+            TOPIC,
+            "--ack",
+            "durable",
         ],
         Some(&(payloads.join("\n") + "\n")),
         CLI_LIMIT,
@@ -323,9 +384,21 @@ fn a_conversion_stopped_after_any_step_leaves_a_directory_that_opens_and_a_rerun
             let listen = format!("127.0.0.1:{}", free_port(1));
             let (code, _, err) = cli_within(
                 &[
-                    "serve", "--cpus", "0", "--node-id", "1", "--raft-listen", &raft, "--peers",
-                    &peers, "--listen", &listen, "--metrics-listen", "127.0.0.1:0",
-                    "--data-dir", &dir_arg,
+                    "serve",
+                    "--cpus",
+                    "0",
+                    "--node-id",
+                    "1",
+                    "--raft-listen",
+                    &raft,
+                    "--peers",
+                    &peers,
+                    "--listen",
+                    &listen,
+                    "--metrics-listen",
+                    "127.0.0.1:0",
+                    "--data-dir",
+                    &dir_arg,
                 ],
                 None,
                 CLI_LIMIT,

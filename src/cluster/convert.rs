@@ -222,12 +222,11 @@ pub async fn convert_data_dir(
     if !data_dir.is_dir() {
         return Err(ConvertError::NoDataDir { dir: name });
     }
-    let _lock = crate::server::exclusive::lock_data_dir(data_dir).map_err(|e| {
-        ConvertError::InUse {
+    let _lock =
+        crate::server::exclusive::lock_data_dir(data_dir).map_err(|e| ConvertError::InUse {
             dir: name.clone(),
             detail: e.to_string(),
-        }
-    })?;
+        })?;
     let shards = shard_dirs(data_dir)?;
     if shards.is_empty() {
         return Err(ConvertError::NoShards { dir: name });
