@@ -215,9 +215,30 @@ fn convert_and_serve_as_cluster(data_dir: &Path, expected: &BTreeSet<String>) {
     );
     assert_eq!(code, 0, "a new publish failed: {err}");
     assert_eq!(consume(&cluster, 1, "10s"), vec!["after".to_string()]);
+    assert_far_message_still_scheduled(&cluster.addr(leader));
     for id in cluster.ids() {
         cluster.kill9(id);
     }
+}
+
+/// The message delayed past the test is stored and scheduled on the leader (it came along
+/// with its due time). Polls: a new leader counts its store in the background.
+fn assert_far_message_still_scheduled(leader: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let (code, out, _) = cli_within(&["topics", "--server", leader, "--json"], None, CLI_LIMIT);
+        let topics: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        let jobs = topics
+            .as_array()
+            .and_then(|all| all.iter().find(|t| t["topic"] == TOPIC));
+        if code == 0 && jobs.is_some_and(|t| t["stored"] == 1 && t["scheduled"] == 1) {
+            return;
+        }
+        last = out;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("the far-delayed message is not stored and scheduled on the leader: {last}");
 }
 
 #[test]
