@@ -1,4 +1,6 @@
-//! `pinq cluster status --server ADDR [--json]`: every node and every shard's Raft group.
+//! `pinq cluster status --server ADDR [--json]`: every node and every shard's Raft group; and
+//! `pinq cluster convert --data-dir DIR`: a stopped standalone broker's data directory made the
+//! first member's (`crate::cluster::convert`; README "Standalone to cluster").
 //!
 //! The node at ADDR names the members and the leader of each shard; each shard's figures
 //! (term, commit and applied index, each follower's match index) are then read from that
@@ -22,6 +24,17 @@ pub enum ClusterCommand {
     /// Print every node (id, Raft and client address, reachable) and every shard (leader,
     /// term, commit and applied index, each follower's match index and lag).
     Status(StatusArgs),
+    /// Convert a stopped standalone broker's data directory into a cluster member's, in place
+    /// (offline; re-run it after an interruption). Copy the result to every member's data
+    /// directory before starting any of them (README "Standalone to cluster").
+    Convert(ConvertArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// The standalone broker's data directory (server.dataDir); the broker must be stopped.
+    #[arg(long)]
+    pub data_dir: std::path::PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -71,7 +84,46 @@ struct StatusJson {
 pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
         ClusterCommand::Status(args) => status(args),
+        ClusterCommand::Convert(args) => convert(args),
     }
+}
+
+/// `pinq cluster convert`: one line per shard on stdout, then what to do next.
+fn convert(args: ConvertArgs) -> anyhow::Result<()> {
+    use crate::cluster::convert::{self, Outcome, Step, FAULT_STOP_AFTER_ENV};
+    let stop_after = match std::env::var(FAULT_STOP_AFTER_ENV) {
+        Ok(name) => Some(Step::parse(&name).ok_or_else(|| {
+            crate::cli::UsageError(format!("{FAULT_STOP_AFTER_ENV}: no step named {name:?}"))
+        })?),
+        Err(_) => None,
+    };
+    let dir = args.data_dir.clone();
+    let outcomes = super::client_cmds::block_on("pinq-convert", move || {
+        Box::pin(async move {
+            let options = crate::storage::lsm_options(&crate::config::StorageConfig::default());
+            Ok(convert::convert_data_dir(&dir, &options, stop_after).await?)
+        })
+    })?;
+    for (dir, outcome) in &outcomes {
+        let what = match outcome {
+            Outcome::Converted { index } => format!(
+                "converted: its raft log starts after index {index} (term {})",
+                convert::CHECKPOINT_TERM
+            ),
+            Outcome::AlreadyClustered => "already converted".to_string(),
+            Outcome::Empty => "empty, nothing to convert".to_string(),
+        };
+        println!("{}: {what}", dir.display());
+    }
+    println!(
+        "{} is now a cluster member's data directory ({} shard(s)): copy it whole to every \
+         member's data directory, then start every member with --node-id, --raft-listen, \
+         --peers and --cpus naming {} CPU(s)",
+        args.data_dir.display(),
+        outcomes.len(),
+        outcomes.len()
+    );
+    Ok(())
 }
 
 fn status(args: StatusArgs) -> anyhow::Result<()> {

@@ -53,7 +53,8 @@ pub enum Command {
     Groups(stats_cmds::GroupsArgs),
     /// Print the broker's shards and the port of each.
     Topology(ServerArgs),
-    /// Inspect a cluster: `pinq cluster status --server ADDR [--json]`.
+    /// Inspect a cluster (`pinq cluster status --server ADDR [--json]`), or convert a stopped
+    /// standalone broker's data directory into a member's (`pinq cluster convert --data-dir DIR`).
     #[command(subcommand)]
     Cluster(cluster_cmds::ClusterCommand),
     /// Administer consumer groups: `pinq group policy --server ADDR --topic T --group G

@@ -180,7 +180,8 @@ impl ReplicatedStore {
         let mut log = recovery::recover_records(engine.dir(), 0, policy, |seq, payload| {
             let record = RaftRecord::decode(payload).map_err(|e| {
                 format!(
-                    "{e} (a data directory written by a standalone broker cannot join a cluster)"
+                    "{e} (a data directory a standalone broker wrote must first be converted: \
+                     `pinq cluster convert --data-dir <dataDir>`)"
                 )
             })?;
             raft_log.apply_record(&record)?;
@@ -188,6 +189,15 @@ impl ReplicatedStore {
             Ok(())
         })
         .await?;
+        // Tables past index 0 and not one record: a standalone directory whose log the tables
+        // cover whole (a replica that ever ran keeps at least its last record). Raft would
+        // start from index 0 under a state machine that is not empty.
+        if record_index.is_empty() && applied_index > 0 {
+            return Err(StoreError::NotClustered {
+                dir: engine.dir().display().to_string(),
+                applied_index,
+            });
+        }
         engine.remove_orphans(&orphans)?;
         log.finish(engine.dir())?;
         engine.note_log_recovery(&log.report);

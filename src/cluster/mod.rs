@@ -7,6 +7,8 @@
 //!   copies (first entry of the term, the lease, step-down); pure, fed by the replica.
 //! - [`replica`]: the driver's pure core (Ready → work for the shell), shared with the
 //!   deterministic simulation (`tests/cluster_sim.rs`).
+//! - [`convert`]: `pinq cluster convert`, the offline step that makes a standalone data
+//!   directory a cluster's first member (a checkpoint at the tables' index as the Raft log).
 //! - [`driver`]: `ReplicatedStore`, the glommio shell that drives a replica on its shard's core
 //!   (the WAL, the engine's apply, proposals resolved at apply, log compaction).
 //! - [`view`]: what every shard of a node knows of the cluster (leaders, terms, addresses).
@@ -16,6 +18,7 @@
 //!   shard 0's executor; the only part that does network I/O. Other shards reach it through the
 //!   mesh (`crate::server::shard`).
 
+pub mod convert;
 pub mod driver;
 pub mod leadership;
 pub mod raft_log;

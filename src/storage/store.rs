@@ -120,6 +120,10 @@ pub enum StoreError {
     /// Clustered: a command larger than one Raft entry may carry. Nothing was written.
     #[error("a command of {bytes} bytes exceeds what one raft entry may carry ({max} bytes, from cluster.maxFrameBytes): publish smaller batches")]
     TooLarge { bytes: usize, max: usize },
+    /// Clustered start-up found a shard directory a standalone broker wrote: its tables reach
+    /// log index `applied_index` and it has no Raft log. Nothing was changed.
+    #[error("{dir} was written by a standalone broker (its tables hold the log through index {applied_index}, and it has no raft log): stop that broker and run `pinq cluster convert --data-dir <dataDir>` first (README \"Standalone to cluster\")")]
+    NotClustered { dir: String, applied_index: u64 },
 }
 
 impl StoreError {
@@ -204,6 +208,10 @@ impl StoreError {
             StoreError::TooLarge { bytes, max } => StoreError::TooLarge {
                 bytes: *bytes,
                 max: *max,
+            },
+            StoreError::NotClustered { dir, applied_index } => StoreError::NotClustered {
+                dir: dir.clone(),
+                applied_index: *applied_index,
             },
         }
     }
