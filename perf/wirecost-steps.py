@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Instructions per message by step from callgrind_annotate's listings (perf/wirecost.sh).
 
-Usage: wirecost-steps.py INCLUSIVE.txt SELF.txt MESSAGES
+Usage: wirecost-steps.py INCLUSIVE.txt SELF.txt MESSAGES (the estimate, used only when the
+dump has no call count of `UnstampedValue::encode`)
 """
 import re, sys
 from collections import Counter
@@ -25,6 +26,12 @@ def by_function(path, merge):
         out[fn] = merge(out[fn], n)
     return out, total
 inc, total = by_function(incl, max)
+# Messages stored in the window: `UnstampedValue::encode` runs once per message (exact, unlike
+# the bench's window, which valgrind's slowness shifts against callgrind's).
+stored = re.findall(r"UnstampedValue::encode \(([\d,]+)x\)", open(incl, errors="replace").read())
+if stored:
+    msgs = float(max(int(n.replace(",", "")) for n in stored))
+print(f"messages in the window: {msgs:,.0f}")
 own, _ = by_function(selfp, lambda a, b: a + b)
 print(f"total Ir per message: {total / msgs:,.0f}")
 # pinq's entry points that survive inlining; capnp-rpc's message loop (`handle_message`), the
