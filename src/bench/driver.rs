@@ -53,6 +53,8 @@ pub struct LoadOptions {
     pub consumer_queue_len: u32,
     /// Consumers group ACKs into one call per this window (0: one call per delivered batch).
     pub ack_group: Duration,
+    /// Client executors spin this long before sleeping (`pinq bench --client-idle-poll`).
+    pub client_idle_poll: Duration,
     pub ack_level: AckLevel,
     /// Level of the consumers' ACKs and NACKs (`pinq bench --ack-level`).
     pub settle_level: AckLevel,
@@ -228,8 +230,11 @@ pub fn run_load(
             [] => Placement::Unbound,
             cpus => Placement::Fixed(cpus[index % cpus.len()]),
         };
-        let handle = LocalExecutorBuilder::new(placement)
-            .name(&format!("pinq-bench-{index}"))
+        let mut builder = LocalExecutorBuilder::new(placement).name(&format!("pinq-bench-{index}"));
+        if !options.client_idle_poll.is_zero() {
+            builder = builder.spin_before_park(options.client_idle_poll);
+        }
+        let handle = builder
             .spawn(move || async move {
                 client_thread(work, shared, addr, options, origin, ready, go_rx).await
             })

@@ -110,6 +110,11 @@ pub struct BenchArgs {
     /// 0: one ack call per delivered batch.
     #[arg(long, value_parser = parse_duration, default_value = "0", value_name = "DUR")]
     pub ack_group: Duration,
+    /// The client threads poll this long for work before their executors sleep (glommio's
+    /// `spin_before_park`, as `server.idlePoll` does for the broker); 0: sleep at once. Shows
+    /// how much of a latency is the client's own sleep and wake-up.
+    #[arg(long, value_parser = parse_duration, default_value = "0", value_name = "DUR")]
+    pub client_idle_poll: Duration,
     /// Acknowledgement level of publishes.
     #[arg(long, value_enum, default_value = "durable")]
     pub ack: AckArg,
@@ -190,6 +195,7 @@ impl BenchArgs {
                 },
                 consumer_queue_len: self.consumer_queue,
                 ack_group: self.ack_group,
+                client_idle_poll: self.client_idle_poll,
                 ack_level: self.ack.into(),
                 settle_level: self.ack_level.into(),
                 drain_timeout: self.drain_timeout,

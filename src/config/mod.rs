@@ -219,6 +219,11 @@ pub struct ServerConfig {
     pub numa: NumaMode,
     /// What one client may make the server hold (`crate::server::limits`).
     pub client: ClientLimits,
+    /// `server.idlePoll`: how long a shard's executor keeps polling for work (spinning on its
+    /// CPU) before it sleeps in the kernel; 0 sleeps at once. Spinning spares a sleep and a
+    /// wake (and glommio's `membarrier` before each sleep) when the next request comes soon,
+    /// at the price of that much CPU burnt after each burst of work (`tuning.md`).
+    pub idle_poll_us: u64,
 }
 
 /// Bounds on what one client connection may make the server hold (`[server]`).
@@ -295,6 +300,7 @@ impl Default for ServerConfig {
             shard_port_base: None,
             numa: NumaMode::Off,
             client: ClientLimits::default(),
+            idle_poll_us: 0,
         }
     }
 }

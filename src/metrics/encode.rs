@@ -244,6 +244,21 @@ const HISTOGRAMS: &[(&str, &str, ReadHistogram)] = &[
         "Keys per applied delete batch.",
         |s| &s.histograms.delete_batch_size,
     ),
+    (
+        "pinq_publish_call_seconds",
+        "A publish call started to its answer ready to write, on the connection's shard (decode, admission, store).",
+        |s| &s.histograms.publish_call,
+    ),
+    (
+        "pinq_deliver_round_trip_seconds",
+        "A deliver call sent to its answer received: the consumer's round trip.",
+        |s| &s.histograms.deliver_round_trip,
+    ),
+    (
+        "pinq_settle_call_seconds",
+        "An ack, nack or touch call started to its answer ready to write, on the connection's shard.",
+        |s| &s.histograms.settle_call,
+    ),
 ];
 
 const STORAGE_COUNTERS: &[(&str, &str, ReadStorage)] = &[
@@ -603,6 +618,35 @@ mod tests {
         recorder.publish_latency.record(300);
         snap.histograms = recorder.snapshot();
         snap
+    }
+
+    #[test]
+    fn wire_step_histograms_are_exported_in_seconds() {
+        let mut snap = ShardSnapshot::default();
+        let mut recorder = ShardRecorder::default();
+        recorder.publish_call.record(80);
+        recorder.deliver_round_trip.record(900);
+        recorder.deliver_round_trip.record(1_100);
+        recorder.settle_call.record(60);
+        snap.histograms = recorder.snapshot();
+        let slots = MetricsSlots::new(1);
+        slots.publish(0, snap);
+        let page = render(&slots).unwrap();
+        for (name, count) in [
+            ("pinq_publish_call_seconds", 1),
+            ("pinq_deliver_round_trip_seconds", 2),
+            ("pinq_settle_call_seconds", 1),
+        ] {
+            assert!(page.contains(&format!("# TYPE {name} histogram")), "{page}");
+            assert!(
+                page.contains(&format!("{name}_count{{shard=\"0\"}} {count}\n")),
+                "{name}: {page}"
+            );
+        }
+        assert!(
+            page.contains("pinq_deliver_round_trip_seconds_sum{shard=\"0\"} 0.002\n"),
+            "{page}"
+        );
     }
 
     #[test]

@@ -120,6 +120,15 @@ pub struct ShardRecorder {
     pub dispatch_pass: Recorded,
     /// Keys per applied delete batch.
     pub delete_batch_size: Recorded,
+    /// The steps of one message on the wire (issue 23), each on the shard serving the client's
+    /// connection (µs): a `publish` call started → its answer ready to write (decode, admission,
+    /// the owning shard's store and its cross-core hops).
+    pub publish_call: Recorded,
+    /// A `deliver` call handed to capnp-rpc → its answer received: the consumer's round trip,
+    /// its client library and the network included.
+    pub deliver_round_trip: Recorded,
+    /// An `ack`, `nack` or `touch` call started → its answer ready to write.
+    pub settle_call: Recorded,
 }
 
 impl Default for ShardRecorder {
@@ -129,6 +138,9 @@ impl Default for ShardRecorder {
             delivery_latency: Recorded::new(LATENCY_US_MAX, 1e6),
             dispatch_pass: Recorded::new(LATENCY_US_MAX, 1e6),
             delete_batch_size: Recorded::new(BATCH_KEYS_MAX, 1.0),
+            publish_call: Recorded::new(LATENCY_US_MAX, 1e6),
+            deliver_round_trip: Recorded::new(LATENCY_US_MAX, 1e6),
+            settle_call: Recorded::new(LATENCY_US_MAX, 1e6),
         }
     }
 }
@@ -140,6 +152,9 @@ impl ShardRecorder {
             delivery_latency: self.delivery_latency.snapshot(LATENCY_BUCKETS_S),
             dispatch_pass: self.dispatch_pass.snapshot(LATENCY_BUCKETS_S),
             delete_batch_size: self.delete_batch_size.snapshot(BATCH_BUCKETS),
+            publish_call: self.publish_call.snapshot(LATENCY_BUCKETS_S),
+            deliver_round_trip: self.deliver_round_trip.snapshot(LATENCY_BUCKETS_S),
+            settle_call: self.settle_call.snapshot(LATENCY_BUCKETS_S),
         }
     }
 }
@@ -151,6 +166,9 @@ pub struct RecorderSnapshot {
     pub delivery_latency: HistogramSnapshot,
     pub dispatch_pass: HistogramSnapshot,
     pub delete_batch_size: HistogramSnapshot,
+    pub publish_call: HistogramSnapshot,
+    pub deliver_round_trip: HistogramSnapshot,
+    pub settle_call: HistogramSnapshot,
 }
 
 /// Storage-engine figures of one shard, for engines that keep them (the LSM log).

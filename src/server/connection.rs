@@ -843,8 +843,12 @@ impl broker::Server for BrokerImpl {
         params: broker::PublishParams,
         mut results: broker::PublishResults,
     ) -> Result<(), capnp::Error> {
+        let started = std::time::Instant::now();
         match self.publish_batch(params, &mut results).await {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.shard.record_step(|r| &mut r.publish_call, started);
+                Ok(())
+            }
             Err(e) => answer_refused(&self.conn, e, |refusal| {
                 refusal.write(results.get().init_refusal())
             }),
@@ -1131,9 +1135,11 @@ impl DeliverStream {
             }
             let keys: Vec<EventKey> = batch.iter().map(|d| d.key).collect();
             let call = request.send().promise;
-            let awaiting = self.receipts.sent(now_ms());
+            let sent = (now_ms(), std::time::Instant::now());
+            let awaiting = self.receipts.sent(sent.0);
             drop(batch);
-            glommio::spawn_local(self.clone().returned(keys, call, (permit, awaiting))).detach();
+            let held = (permit, awaiting, sent.1);
+            glommio::spawn_local(self.clone().returned(keys, call, held)).detach();
         }
     }
 
@@ -1181,7 +1187,7 @@ impl DeliverStream {
         self,
         keys: Vec<EventKey>,
         call: impl Future<Output = Result<T, capnp::Error>>,
-        (permit, awaiting): (SendPermit, Awaiting),
+        (permit, awaiting, sent): (SendPermit, Awaiting, std::time::Instant),
     ) {
         let closed = futures_lite::future::poll_fn(|cx| self.send.poll_closed(cx));
         let answer = futures_lite::future::or(async { Some(call.await) }, async {
@@ -1200,6 +1206,7 @@ impl DeliverStream {
             self.sink.close();
             return;
         }
+        self.shard.record_step(|r| &mut r.deliver_round_trip, sent);
         self.shard
             .return_credit(self.owner, self.consumer, keys)
             .await;
@@ -1225,6 +1232,7 @@ impl SubscriptionImpl {
         tags: capnp::data_list::Reader<'_>,
         params_bytes: usize,
     ) -> Result<Vec<TagResult>, CallError> {
+        let started = std::time::Instant::now();
         // A large frame's bytes, held until the call returns.
         let _frame = self.conn.claim_frame(params_bytes);
         let _call = call_slot(&self.shard, &self.conn)?;
@@ -1249,6 +1257,7 @@ impl SubscriptionImpl {
             .await
             .map_err(settle_refused)?;
         let results = tags.answers(&settled, TagResult::Malformed);
+        self.shard.record_step(|r| &mut r.settle_call, started);
         Ok(results)
     }
 

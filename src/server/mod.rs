@@ -213,8 +213,14 @@ fn spawn_shards(
             cluster_view: cluster_view.clone(),
             connections: connections.clone(),
         };
-        let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
-            .name(&format!("pinq-shard-{shard_id}"))
+        let mut builder = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+            .name(&format!("pinq-shard-{shard_id}"));
+        if config.server.idle_poll_us > 0 {
+            // `server.idlePoll`: poll this long for more work before sleeping (tuning.md).
+            builder = builder
+                .spin_before_park(std::time::Duration::from_micros(config.server.idle_poll_us));
+        }
+        let handle = builder
             .spawn(move || async move { shard_main(start, peer_senders, peer_receivers).await })
             .map_err(|e| {
                 anyhow::anyhow!("starting the executor of shard {shard_id} on CPU {cpu}: {e}")

@@ -1060,6 +1060,17 @@ impl Shard {
         true
     }
 
+    /// Records the time since `started` (µs) in one of the wire-step histograms of
+    /// [`ShardRecorder`] (`publish_call`, `deliver_round_trip`, `settle_call`).
+    pub fn record_step(
+        &self,
+        histogram: impl FnOnce(&mut ShardRecorder) -> &mut crate::metrics::Recorded,
+        started: Instant,
+    ) {
+        let us = started.elapsed().as_micros() as u64;
+        histogram(&mut self.recorder.borrow_mut()).record(us);
+    }
+
     /// Due time → hand-off, for first deliveries only (a redelivery's lateness is the lease or
     /// the NACK delay, not the broker's).
     fn record_delivery_latency(&self, now_ms: u64, deliveries: &[Delivery]) {

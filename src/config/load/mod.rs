@@ -52,6 +52,9 @@ pub const ENV_PREFIX: &str = "PINQ_";
 // (a missing unit, an extra zero) before it becomes a broker that never redelivers or a queue
 // that eats the machine's memory.
 const DISPATCH_POLL_INTERVAL_MAX: Duration = Duration::from_secs(60);
+/// `server.idlePoll` at most: a spin this long after every burst already costs a core at any
+/// rate above a few hundred requests a second.
+const IDLE_POLL_MAX: Duration = Duration::from_millis(10);
 const IN_FLIGHT_TIMEOUT_MAX: Duration = Duration::from_secs(24 * 3600);
 const DELETE_BATCH_INTERVAL_MAX: Duration = Duration::from_secs(60);
 const TTL_SWEEP_INTERVAL_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -795,6 +798,7 @@ impl ConfigLoader {
             shard_port_base,
             numa,
             client: self.client_limits(&raw_limits)?,
+            idle_poll_us: self.idle_poll(raw.idle_poll)?,
         })
     }
 
@@ -931,6 +935,34 @@ impl ConfigLoader {
                 IDLE_TIMEOUT_MAX,
             )?,
         })
+    }
+
+    /// `server.idlePoll`: 0 (off) or a whole number of microseconds up to [`IDLE_POLL_MAX`].
+    fn idle_poll(&self, value: Option<DurationValue>) -> Result<u64, ConfigError> {
+        let key = "server.idlePoll";
+        let Some(DurationValue(duration)) = value else {
+            return Ok(ServerConfig::default().idle_poll_us);
+        };
+        if duration.subsec_nanos() % 1_000 != 0 {
+            return Err(self.invalid(
+                key,
+                format!(
+                    "must be a whole number of microseconds, found {}",
+                    humantime::format_duration(duration)
+                ),
+            ));
+        }
+        if duration > IDLE_POLL_MAX {
+            return Err(self.invalid(
+                key,
+                format!(
+                    "must be at most {} (a spin longer than that burns a core for little), found {}",
+                    humantime::format_duration(IDLE_POLL_MAX),
+                    humantime::format_duration(duration)
+                ),
+            ));
+        }
+        Ok(duration.as_micros() as u64)
     }
 
     fn address(&self, key: &str, text: &str) -> Result<SocketAddr, ConfigError> {

@@ -74,6 +74,7 @@ pub(super) struct RawServer {
     pub(super) max_send_buffer_bytes: Option<ByteSizeValue>,
     pub(super) max_node_send_buffer_bytes: Option<ByteSizeValue>,
     pub(super) send_stall_timeout: Option<DurationValue>,
+    pub(super) idle_poll: Option<DurationValue>,
     // `[server.tls]` keys: the loader flattens `server.tls.certFile` into `server.tlsCertFile`
     // (so that the environment variable is `PINQ_SERVER_TLS_CERT_FILE`).
     pub(super) tls_cert_file: Option<String>,

@@ -101,6 +101,7 @@ impl Config {
              maxSendBufferBytes = {}\n\
              maxNodeSendBufferBytes = {}\n\
              sendStallTimeout = {}\n\
+             idlePoll = {}\n\
              \n[storage]\n\
              engine = {}\n\
              memtableBytes = {}\n\
@@ -152,6 +153,7 @@ impl Config {
             bytes(s.client.send_buffer_bytes_max as u64),
             bytes(s.client.node_send_buffer_bytes_max as u64),
             duration(s.client.send_stall_timeout_ms),
+            text(&format_us(s.idle_poll_us)),
             text(st.engine.as_str()),
             bytes(st.memtable_bytes_max as u64),
             bytes(st.wal_segment_bytes_max),
@@ -205,6 +207,17 @@ fn render_security(security: &SecurityConfig) -> String {
         ));
     }
     out
+}
+
+/// Microseconds in the largest unit that divides them: `"0"`, `"2ms"`, `"200us"`.
+pub(super) fn format_us(us: u64) -> String {
+    if us == 0 {
+        "0us".to_owned()
+    } else if us % 1000 == 0 {
+        format_ms(us / 1000)
+    } else {
+        format!("{us}us")
+    }
 }
 
 /// Milliseconds in the largest unit that divides them: `"24h"`, `"5s"`, `"50ms"`.

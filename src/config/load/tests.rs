@@ -1,6 +1,6 @@
 //! Tests of the configuration loader: defaults, every source, precedence, and every refusal.
 
-use super::render::format_ms;
+use super::render::{format_ms, format_us};
 use super::*;
 use crate::config::ClusterConfig;
 
@@ -118,6 +118,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "maxSendBufferBytes",
             "maxNodeSendBufferBytes",
             "sendStallTimeout",
+            "idlePoll",
             "tlsCertFile",
             "tlsKeyFile",
             "tlsClientCaFile"
@@ -141,7 +142,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "tlsCaFile"
         ]
     );
-    assert_eq!(all_keys().len(), 21 + 7 + 18 + 4 + 13 + 1);
+    assert_eq!(all_keys().len(), 21 + 7 + 19 + 4 + 13 + 1);
 }
 
 #[test]
@@ -236,6 +237,8 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
             "server.metricsListen",
             "server.shardPortBase",
             "server.numa",
+            // 0 = no idle poll (sleep at once), the default.
+            "server.idlePoll",
             "storage.engine",
             "cluster.raftListen",
             "cluster.peers",
@@ -554,6 +557,7 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_SERVER_MAX_SEND_BUFFER_BYTES", "4MiB"),
         ("PINQ_SERVER_MAX_NODE_SEND_BUFFER_BYTES", "64MiB"),
         ("PINQ_SERVER_SEND_STALL_TIMEOUT", "10s"),
+        ("PINQ_SERVER_IDLE_POLL", "50us"),
         ("PINQ_STORAGE_ENGINE", "memory"),
         ("PINQ_STORAGE_MEMTABLE_BYTES", "1048576"),
         ("PINQ_STORAGE_WAL_SEGMENT_BYTES", "8MiB"),
@@ -642,6 +646,7 @@ fn every_key_can_be_set_from_its_environment_variable() {
                 node_send_buffer_bytes_max: 64 << 20,
                 send_stall_timeout_ms: 10_000,
             },
+            idle_poll_us: 50,
         },
         storage: StorageConfig {
             engine: StorageEngine::Memory,
@@ -808,7 +813,7 @@ fn the_effective_config_renders_back_to_itself() {
         "",
         "[delivery]\ninFlightTimeout = \"90s\"\ntimeBucket = \"1500ms\"\ngroupRetention = \"2h\"\n\
          [publish]\nmaxMessageBytes = 1000\nminAckLevel = \"durable\"\n\
-         [server]\ndataDir = \"/tmp/pinq \\\"x\\\"\"\ncpus = \"1-2\"\nshardPortBase = 9000\nnuma = \"auto\"\n\
+         [server]\ndataDir = \"/tmp/pinq \\\"x\\\"\"\ncpus = \"1-2\"\nshardPortBase = 9000\nnuma = \"auto\"\nidlePoll = \"150us\"\n\
          [storage]\nengine = \"memory\"\nwalSegmentBytes = \"1GiB\"\n",
     ] {
         let config = from_toml(text).unwrap();
@@ -817,6 +822,33 @@ fn the_effective_config_renders_back_to_itself() {
             .unwrap_or_else(|err| panic!("{err}\nin:\n{rendered}"));
         assert_eq!(again, config, "{rendered}");
     }
+}
+
+#[test]
+fn idle_poll_is_off_by_default_and_takes_microseconds_up_to_its_bound() {
+    assert_eq!(from_toml("").unwrap().server.idle_poll_us, 0);
+    let parsed = |value: &str| {
+        from_toml(&format!("[server]\nidlePoll = {value}\n"))
+            .unwrap()
+            .server
+            .idle_poll_us
+    };
+    assert_eq!(parsed("\"200us\""), 200);
+    assert_eq!(parsed("\"2ms\""), 2_000);
+    assert_eq!(parsed("0"), 0);
+    assert_eq!(parsed("\"10ms\""), 10_000);
+    for bad in ["\"11ms\"", "\"1500ns\"", "\"fast\"", "200"] {
+        let err = error_from_toml(&format!("[server]\nidlePoll = {bad}\n"));
+        assert_names_key(&err, "server.idlePoll");
+    }
+    let mut loader = test_loader();
+    loader
+        .add_env([("PINQ_SERVER_IDLE_POLL", "100us")])
+        .unwrap();
+    assert_eq!(loader.build().unwrap().server.idle_poll_us, 100);
+    assert_eq!(format_us(0), "0us");
+    assert_eq!(format_us(200), "200us");
+    assert_eq!(format_us(3_000), "3ms");
 }
 
 #[test]
