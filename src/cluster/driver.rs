@@ -59,7 +59,7 @@ use crate::metrics::{RaftDrops, RaftFigures, RaftRecorder, BATCH_BUCKETS, LATENC
 use crate::ops::ratelimit::monotonic_ms;
 use crate::storage::engine::{Engine, LsmEnv, LsmStats, Opened};
 use crate::storage::io as dio;
-use crate::storage::{CommitPath, LsmOptions, Logged, StoreError, Sync};
+use crate::storage::{CommitPath, Logged, LsmOptions, StoreError, Sync};
 
 /// Bytes of proposals between `commit` and their apply, per shard: a full budget makes
 /// proposers wait (the leader's side of the bound; followers are bounded by Raft's in-flight
@@ -325,7 +325,11 @@ impl ReplicatedStore {
             // The log or the engine failed (a failed fdatasync is seen here even when no new
             // record would notice it): the node cannot go on with this shard. The shard's
             // role watcher sees this and stops the broker (no shard left wedged).
-            let healthy = self.path.wal().check().and_then(|()| self.path.engine().check_writable());
+            let healthy = self
+                .path
+                .wal()
+                .check()
+                .and_then(|()| self.path.engine().check_writable());
             if let Err(e) = healthy {
                 if !self.closed.get() {
                     self.stop(e);
@@ -378,7 +382,10 @@ impl ReplicatedStore {
     /// Handles every Ready there is: messages out, records in, committed entries applied.
     async fn run_work(&self) -> Result<(), StoreError> {
         loop {
-            let released = self.replica.borrow_mut().durable(self.path.wal().synced_seq());
+            let released = self
+                .replica
+                .borrow_mut()
+                .durable(self.path.wal().synced_seq());
             self.send(released);
             let work = {
                 let mut sink = WalSink {
@@ -562,7 +569,11 @@ impl ReplicatedStore {
     async fn forget_messages(&self, index: u64) -> Result<(), StoreError> {
         let mut start = Key::new();
         loop {
-            let rows = self.path.engine().scan(&start, None, SNAPSHOT_PAGE_KEYS).await?;
+            let rows = self
+                .path
+                .engine()
+                .scan(&start, None, SNAPSHOT_PAGE_KEYS)
+                .await?;
             let Some((last, _)) = rows.last() else {
                 return Ok(());
             };
@@ -803,10 +814,9 @@ impl ReplicatedStore {
         if point <= base {
             return Ok(());
         }
-        let (index, term) =
-            self.replica.borrow_mut().compact_to(point).map_err(|e| {
-                crate::storage::io_error(self.path.engine().dir(), std::io::Error::other(e))
-            })?;
+        let (index, term) = self.replica.borrow_mut().compact_to(point).map_err(|e| {
+            crate::storage::io_error(self.path.engine().dir(), std::io::Error::other(e))
+        })?;
         let hard_state = self.replica.borrow().log().hard_state().clone();
         let seq = self.path.wal().append(&RaftRecord::Checkpoint {
             index,
@@ -935,7 +945,10 @@ impl Log for ReplicatedStore {
         Ok(index)
     }
 
-    fn wait_durable(&self, index: u64) -> impl std::future::Future<Output = Result<(), StoreError>> {
+    fn wait_durable(
+        &self,
+        index: u64,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> {
         // Taken now, not at the first poll: nothing is left behind if the caller drops it.
         let answer = self.answers.borrow_mut().remove(&index);
         async move {

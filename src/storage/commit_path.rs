@@ -183,7 +183,9 @@ impl<T: Logged> Store for T {
         sync: Sync,
         accepted: impl FnOnce(),
     ) -> Result<u64, StoreError> {
-        self.path().commit(self.log(), command, sync, accepted).await
+        self.path()
+            .commit(self.log(), command, sync, accepted)
+            .await
     }
 
     fn event_id_high_water(&self) -> u64 {

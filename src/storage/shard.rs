@@ -19,7 +19,7 @@ use crate::key::Key;
 use crate::log::Command;
 use crate::message::Value;
 use crate::metrics::StorageFigures;
-use crate::storage::{Engine, LsmOptions, LsmStore, Logged};
+use crate::storage::{Engine, Logged, LsmOptions, LsmStore};
 use crate::storage::{MemStore, Store, StoreError, StoreHealth, Sync};
 
 pub enum ShardStore {
