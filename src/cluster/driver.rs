@@ -277,6 +277,11 @@ impl ReplicatedStore {
         self.replica.borrow().may_hand_out(monotonic_ms())
     }
 
+    /// Until when this leader's lease holds (monotonic ms; `None` when it holds none).
+    pub fn lease_until_ms(&self) -> Option<u64> {
+        self.replica.borrow().lease_until_ms()
+    }
+
     /// This replica's role and whether it serves (leads and has caught up).
     pub fn role(&self) -> (Role, bool) {
         self.role.get()

@@ -188,7 +188,7 @@ async fn watchdog(
         futures_lite::future::or(glommio::timer::sleep(tick), receipts.revoked()).await;
         if receipts.revoked_with_calls_out() {
             return "reset: the shard that sent its unanswered deliveries stopped serving them \
-                    (it lost its leadership)"
+                    (its lease ended, or it lost its leadership)"
                 .into();
         }
         if receipts.overdue(now_ms(), limits.deliver_timeout_ms) {

@@ -136,6 +136,11 @@ pub enum ShardMsg {
     CloseSink {
         sink: u64,
     },
+    /// The owner's lease ended: revoke the unanswered `deliver` calls of the connection behind
+    /// this sink (`Shard::revoke_after_lease`).
+    RevokeReceipts {
+        sink: u64,
+    },
     /// Raft messages from a peer node for the receiving shard's replica (from shard 0, which
     /// runs the node's transport).
     RaftIn(Vec<raft::eraftpb::Message>),

@@ -662,6 +662,7 @@ impl Shard {
             ShardMsg::Deliver { sink, deliveries } => self.deliver_local(sink, deliveries),
             ShardMsg::Credit { consumer, keys } => self.add_credit(consumer, &keys),
             ShardMsg::CloseSink { sink } => self.revoke_sink(sink),
+            ShardMsg::RevokeReceipts { sink } => self.revoke_receipts(sink),
             ShardMsg::RaftIn(messages) => {
                 if let Some(store) = self.replicated() {
                     for message in messages {
@@ -777,10 +778,35 @@ impl Shard {
             if store.role() != (role, serving) || store.failure().is_some() {
                 continue; // changed during the reset: its notification is already spent
             }
-            futures_lite::future::or(store.role_changed(), async {
-                glommio::timer::sleep(Duration::from_secs(1)).await;
-            })
-            .await;
+            let wait = until_lease_end(&store);
+            futures_lite::future::or(store.role_changed(), glommio::timer::sleep(wait)).await;
+            self.revoke_after_lease(&store);
+        }
+    }
+
+    /// A serving leader whose lease ended hands out nothing more (`may_hand_out`); what it sent
+    /// and was not answered is revoked now (its connections reset, `revoke_sink`), not at the
+    /// step-down, which comes later: a newer leader may be elected from half an election timeout
+    /// after the lease ends, and a cut that healed in between would let an old call through
+    /// after the new leader's copy was ACKed.
+    fn revoke_after_lease(self: &Rc<Self>, store: &ReplicatedStore) {
+        if !self.serving.get() || store.may_hand_out() {
+            return;
+        }
+        let sinks: Vec<SinkAddr> = self.routes.borrow().values().map(|r| r.sink).collect();
+        for sink in sinks {
+            if sink.shard == self.id {
+                self.revoke_receipts(sink.sink);
+            } else {
+                let shard = self.clone();
+                glommio::spawn_local(async move {
+                    let revoke = ShardMsg::RevokeReceipts { sink: sink.sink };
+                    if let Err(e) = shard.send_to(sink.shard, revoke).await {
+                        tracing::warn!(shard = shard.id, "a revoke was lost: {e}");
+                    }
+                })
+                .detach();
+            }
         }
     }
 
@@ -939,6 +965,14 @@ impl Shard {
     pub fn close_sink(&self, id: u64) {
         if let Some(sink) = self.sinks.borrow_mut().remove(&id) {
             sink.close();
+        }
+    }
+
+    /// Revokes the unanswered `deliver` calls of the connection behind sink `id` (it is reset
+    /// if it has any; `super::receipts`).
+    pub fn revoke_receipts(&self, id: u64) {
+        if let Some(sink) = self.sinks.borrow().get(&id) {
+            sink.receipts.revoke();
         }
     }
 
@@ -1473,3 +1507,21 @@ impl Shard {
         self.dispatcher.kick();
     }
 }
+
+/// How long the role loop may sleep: until just after this leader's lease ends (so the loop
+/// looks at it then, [`Shard::revoke_after_lease`]); a serving leader without a lease looks
+/// again every [`LEASELESS_CHECK`]; at most 1 s.
+fn until_lease_end(store: &ReplicatedStore) -> Duration {
+    let now = crate::ops::ratelimit::monotonic_ms();
+    match store.lease_until_ms() {
+        Some(until) if until > now => {
+            Duration::from_millis(until - now + 1).min(Duration::from_secs(1))
+        }
+        _ if store.role().1 => LEASELESS_CHECK,
+        _ => Duration::from_secs(1),
+    }
+}
+
+/// How often the role loop looks at a serving leader that holds no lease (just elected, or cut
+/// off): its deliveries are revoked within this of the lease's end.
+const LEASELESS_CHECK: Duration = Duration::from_millis(20);
