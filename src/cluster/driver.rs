@@ -458,58 +458,9 @@ impl ReplicatedStore {
             start = last.clone();
             start.push(0);
             let full = rows.len() == SNAPSHOT_PAGE_KEYS;
-            // The idempotent-publish entries travel too (a follower that leads later must
-            // answer republishes as this leader does).
-            let remember: Vec<_> = rows
-                .iter()
-                .filter(|(k, _)| crate::log::sequences::is_sequence_key(k))
-                .filter_map(|(_, v)| {
-                    crate::log::sequences::SequenceEntry::from_value(v.as_bytes()).ok()
-                })
-                .collect();
-            // Group policies too: a follower that leads later dead-letters and backs off as
-            // this leader does. Each is its own command, as the log applied it.
-            let policies: Vec<Command> = rows
-                .iter()
-                .filter(|(k, _)| Command::is_policy_key(k))
-                .filter_map(|(_, v)| Command::decode(v.as_bytes()).ok())
-                .filter(|c| matches!(c, Command::GroupPolicy { .. }))
-                .collect();
-            // Copy records too: a follower that leads later neither redelivers a copy a group
-            // ACKed durably nor counts its deliveries from 1 again.
-            let records: Vec<_> = rows
-                .iter()
-                .filter_map(|(k, v)| crate::log::copies::CopyRecord::from_row(k, v.as_bytes()).ok())
-                .collect();
-            let messages = rows
-                .into_iter()
-                .filter_map(|(k, v)| crate::key::EventKey::parse(&k).ok().map(|k| (k, v)))
-                .collect();
-            let event_id_high_water = self.path.engine().event_id_high_water();
-            let command = if remember.is_empty() {
-                Command::Store {
-                    messages,
-                    event_id_high_water,
-                }
-            } else {
-                Command::StoreSequenced {
-                    messages,
-                    event_id_high_water,
-                    remember,
-                    forget: Vec::new(),
-                }
-            };
-            writer.push(&command).map_err(|e| e.to_string())?;
-            for policy in &policies {
-                writer.push(policy).map_err(|e| e.to_string())?;
-            }
-            if !records.is_empty() {
-                let copies = Command::Copies {
-                    records,
-                    deleted: Vec::new(),
-                    dropped: Vec::new(),
-                };
-                writer.push(&copies).map_err(|e| e.to_string())?;
+            let high_water = self.path.engine().event_id_high_water();
+            for command in snapshot_page(rows, high_water) {
+                writer.push(&command).map_err(|e| e.to_string())?;
             }
             if !full {
                 break;
@@ -968,4 +919,56 @@ impl Log for ReplicatedStore {
     async fn settle_empty(&self, _sync: Sync) -> Result<u64, StoreError> {
         Ok(self.replica.borrow().applied())
     }
+}
+
+/// One page of a snapshot as the commands a follower applies: the page's messages (with its
+/// idempotent-publish entries, so a follower that leads later answers republishes as this
+/// leader does), then each group policy as its own command (it dead-letters and backs off the
+/// same way), then the copy records (it neither redelivers a copy a group ACKed durably nor
+/// counts deliveries from 1 again).
+fn snapshot_page(
+    rows: Vec<(Key, crate::message::Value)>,
+    event_id_high_water: u64,
+) -> Vec<Command> {
+    let remember: Vec<_> = rows
+        .iter()
+        .filter(|(k, _)| crate::log::sequences::is_sequence_key(k))
+        .filter_map(|(_, v)| crate::log::sequences::SequenceEntry::from_value(v.as_bytes()).ok())
+        .collect();
+    let policies = rows
+        .iter()
+        .filter(|(k, _)| Command::is_policy_key(k))
+        .filter_map(|(_, v)| Command::decode(v.as_bytes()).ok())
+        .filter(|c| matches!(c, Command::GroupPolicy { .. }));
+    let records: Vec<_> = rows
+        .iter()
+        .filter_map(|(k, v)| crate::log::copies::CopyRecord::from_row(k, v.as_bytes()).ok())
+        .collect();
+    let mut commands: Vec<Command> = Vec::new();
+    let copies = (!records.is_empty()).then(|| Command::Copies {
+        records,
+        deleted: Vec::new(),
+        dropped: Vec::new(),
+    });
+    let policies: Vec<Command> = policies.collect();
+    let messages = rows
+        .into_iter()
+        .filter_map(|(k, v)| crate::key::EventKey::parse(&k).ok().map(|k| (k, v)))
+        .collect();
+    commands.push(if remember.is_empty() {
+        Command::Store {
+            messages,
+            event_id_high_water,
+        }
+    } else {
+        Command::StoreSequenced {
+            messages,
+            event_id_high_water,
+            remember,
+            forget: Vec::new(),
+        }
+    });
+    commands.extend(policies);
+    commands.extend(copies);
+    commands
 }

@@ -125,6 +125,8 @@ pub struct Shard {
     sinks: RefCell<AHashMap<u64, Rc<Sink>>>,
     next_sink: Cell<u64>,
     routes: RefCell<AHashMap<ConsumerId, Route>>,
+    /// The role loop saw this leader hold its lease since it last revoked (`revoke_after_lease`).
+    lease_seen: Cell<bool>,
     /// Consumers whose queued copies a pump could not hand out (no lease): the dispatch loop
     /// pumps them once the shard may hand out again. At most one entry per consumer.
     held_back: RefCell<ahash::AHashSet<ConsumerId>>,
@@ -189,6 +191,7 @@ impl Shard {
             sinks: RefCell::new(AHashMap::new()),
             next_sink: Cell::new(1),
             routes: RefCell::new(AHashMap::new()),
+            lease_seen: Cell::new(false),
             held_back: RefCell::new(Default::default()),
             dispatcher,
             deleter,
@@ -789,8 +792,14 @@ impl Shard {
     /// step-down, which comes later: a newer leader may be elected from half an election timeout
     /// after the lease ends, and a cut that healed in between would let an old call through
     /// after the new leader's copy was ACKed.
+    /// Revokes once per lapse: without its lease the leader hands out nothing new, so what
+    /// was out when the lease ended is all there is to revoke.
     fn revoke_after_lease(self: &Rc<Self>, store: &ReplicatedStore) {
-        if !self.serving.get() || store.may_hand_out() {
+        if self.serving.get() && store.may_hand_out() {
+            self.lease_seen.set(true);
+            return;
+        }
+        if !self.serving.get() || !self.lease_seen.replace(false) {
             return;
         }
         let sinks: Vec<SinkAddr> = self.routes.borrow().values().map(|r| r.sink).collect();
