@@ -1400,6 +1400,7 @@ impl Sim {
                 index,
                 term,
                 hard_state,
+                conf: Some(replica.log().conf_at(index)),
             };
             if node.disk.append(&checkpoint).is_err() {
                 // The log could not take it: the driver stops, as on any failed write.

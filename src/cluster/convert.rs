@@ -102,6 +102,8 @@ pub fn checkpoint_at(index: u64) -> RaftRecord {
             commit: index,
             ..HardState::default()
         },
+        // The members are those the first start is given (`cluster.peers`).
+        conf: None,
     }
 }
 

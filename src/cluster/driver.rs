@@ -50,7 +50,7 @@ use raft::eraftpb::{Entry, Message};
 
 use super::raft_log::RaftLog;
 use super::record::RaftRecord;
-use super::replica::{
+use super::replica::{is_conf_change, 
     carries_command, quiet_logger, RecordSink, Replica, ReplicaConfig, ReplicaStatus, Role,
 };
 use crate::key::Key;
@@ -65,6 +65,10 @@ use crate::storage::{CommitPath, Logged, LsmOptions, StoreError, Sync};
 /// proposers wait (the leader's side of the bound; followers are bounded by Raft's in-flight
 /// window).
 pub const PROPOSAL_BYTES_MAX: u64 = 8 << 20;
+mod membership;
+
+pub use membership::MembershipNews;
+
 /// How long after a failed snapshot build the next one may start.
 const SNAPSHOT_RETRY_AFTER: Duration = Duration::from_secs(10);
 /// Keys read per page while building or installing a snapshot.
@@ -149,6 +153,8 @@ pub struct ReplicatedStore {
     snapshot_not_before: Cell<std::time::Instant>,
     snapshots_sent: Cell<u64>,
     snapshots_installed: Cell<u64>,
+    /// Membership changes applied here, for the node's address book and `cluster status`.
+    membership: membership::News,
     /// The driver stopped on this error (the shard watches `role_changed` and stops the node).
     failure: RefCell<Option<StoreError>>,
 }
@@ -208,8 +214,13 @@ impl ReplicatedStore {
             segment_bytes_max,
             preallocate_bytes,
         ));
+        let genesis = membership::first_conf_record(&raft_log, &config.replica, engine.dir());
         let replica = Replica::new(&config.replica, raft_log, applied_index, &quiet_logger())
             .map_err(|e| raft_error(engine.dir(), e))?;
+        if let Some(record) = genesis {
+            let seq = wal.append(&record)?;
+            record_index.push_back((seq, 0));
+        }
         let (kick_tx, kick_rx) = local_channel::new_bounded(1);
         let role = (replica.role(), false);
         Ok(ReplicatedStore {
@@ -233,6 +244,7 @@ impl ReplicatedStore {
             snapshot_not_before: Cell::new(std::time::Instant::now()),
             snapshots_sent: Cell::new(0),
             snapshots_installed: Cell::new(0),
+            membership: membership::News::default(),
             failure: RefCell::new(None),
         })
     }
@@ -513,6 +525,7 @@ impl ReplicatedStore {
                 .push_back((last, record.last_index()));
         }
         self.replica.borrow_mut().snapshot_written(index, last);
+        self.note_snapshot_membership();
         self.snapshots_installed
             .set(self.snapshots_installed.get() + 1);
         tracing::info!(dir = %self.path.engine().dir().display(), index, commands = commands.len(), "installed a snapshot from the leader");
@@ -649,7 +662,9 @@ impl ReplicatedStore {
             return Ok(());
         };
         for entry in &entries {
-            if carries_command(entry) {
+            if is_conf_change(entry) {
+                self.apply_conf_change(entry).await?;
+            } else if carries_command(entry) {
                 let command = Command::decode(&entry.data).map_err(|e| {
                     crate::storage::io_error(
                         self.path.engine().dir(),
@@ -774,10 +789,12 @@ impl ReplicatedStore {
             crate::storage::io_error(self.path.engine().dir(), std::io::Error::other(e))
         })?;
         let hard_state = self.replica.borrow().log().hard_state().clone();
+        let conf = Some(self.replica.borrow().log().conf_at(index));
         let seq = self.path.wal().append(&RaftRecord::Checkpoint {
             index,
             term,
             hard_state,
+            conf,
         })?;
         self.record_index.borrow_mut().push_back((seq, index));
         self.path.wal().wait_durable(seq).await?;
@@ -889,7 +906,8 @@ impl Log for ReplicatedStore {
                 super::replica::ProposeError::NotLeader { leader } => {
                     StoreError::NotLeader { leader }
                 }
-                super::replica::ProposeError::Dropped => StoreError::LeadershipLost,
+                super::replica::ProposeError::Dropped
+                | super::replica::ProposeError::ChangeInProgress => StoreError::LeadershipLost,
             }
         })?;
         let (done, answer) = oneshot::channel();

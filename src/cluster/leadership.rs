@@ -19,6 +19,8 @@
 //!    heartbeat with (term, send time) ([`Leadership::stamp`]), the follower's raft core echoes
 //!    the stamp in its answer, and [`Leadership::on_message`] takes the answer's stamp. Votes,
 //!    append answers, a newer leader's appends and messages of other terms never refresh it.
+//!    The quorum is of the voters in force ([`Leadership::set_voters`], fed at each applied
+//!    membership change); in a joint membership, a quorum of each half, as an election needs.
 //!
 //! Why the lease holds: a follower that answered a heartbeat received it after it was sent,
 //! and grants no vote (pre-vote or vote) for one election timeout after that (raft's
@@ -45,6 +47,7 @@ const STAMP_BYTES: usize = 2 + 8 + 8;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeadershipConfig {
     pub id: u64,
+    /// The voters of the membership in force (the incoming half of a joint one).
     pub voters: Vec<u64>,
     /// How long a heartbeat answered by a quorum keeps the lease, from its send time. Must be
     /// below the election timeout; `cluster.tickInterval × electionTicks / 2` in the broker.
@@ -78,6 +81,8 @@ pub struct Leadership {
     lease_until: Option<u64>,
     transferring: bool,
     failed: bool,
+    /// The outgoing voters of a joint membership (empty otherwise).
+    voters_outgoing: Vec<u64>,
 }
 
 impl Leadership {
@@ -91,6 +96,7 @@ impl Leadership {
             lease_until: None,
             transferring: false,
             failed: false,
+            voters_outgoing: Vec::new(),
         }
     }
 
@@ -139,7 +145,8 @@ impl Leadership {
         }
         if message.term != self.state.term
             || message.from == self.config.id
-            || !self.config.voters.contains(&message.from)
+            || !(self.config.voters.contains(&message.from)
+                || self.voters_outgoing.contains(&message.from))
         {
             return;
         }
@@ -197,17 +204,41 @@ impl Leadership {
         if !self.state.leader {
             return None;
         }
-        let quorum = self.config.voters.len() / 2 + 1;
-        let needed = quorum.saturating_sub(1);
+        let incoming = self.lease_among(&self.config.voters)?;
+        if self.voters_outgoing.is_empty() {
+            return Some(incoming);
+        }
+        // A joint membership: a new leader needs a quorum of both halves, so the lease holds
+        // while each half's quorum answered.
+        Some(incoming.min(self.lease_among(&self.voters_outgoing)?))
+    }
+
+    /// The lease a quorum of `voters` gives (this leader counts itself when it is one of them).
+    fn lease_among(&self, voters: &[u64]) -> Option<u64> {
+        let quorum = voters.len() / 2 + 1;
+        let me = usize::from(voters.contains(&self.config.id));
+        let needed = quorum.saturating_sub(me);
         if needed == 0 {
             return Some(u64::MAX);
         }
-        let mut times: Vec<u64> = self.answered.values().copied().collect();
+        let mut times: Vec<u64> = voters
+            .iter()
+            .filter(|id| **id != self.config.id)
+            .filter_map(|id| self.answered.get(id).copied())
+            .collect();
         if times.len() < needed {
             return None;
         }
         times.sort_unstable_by(|a, b| b.cmp(a));
         Some(times[needed - 1].saturating_add(self.config.lease_ms))
+    }
+
+    /// The membership changed: the lease is counted among these voters from now on (a
+    /// follower's part of the lease stays if it is still a voter).
+    pub fn set_voters(&mut self, voters: Vec<u64>, outgoing: Vec<u64>) {
+        self.config.voters = voters;
+        self.voters_outgoing = outgoing;
+        self.lease_until = self.compute_lease_until();
     }
 
     /// Whether a copy may be handed out at `now_ms`: serving, and within the lease.

@@ -3,6 +3,8 @@
 //!
 //! - [`record`]: what a shard's WAL holds in a cluster (entries, hard state, checkpoints); pure.
 //! - [`raft_log`]: the raft core's `Storage`, the in-memory mirror of that WAL; pure.
+//! - [`membership`]: membership changes at run time (add a learner, promote, remove) as a pure
+//!   core: the change each step needs, its refusals, the addresses it carries.
 //! - [`leadership`]: whether a replica may act as the one leader — take proposals, hand out
 //!   copies (first entry of the term, the lease, step-down); pure, fed by the replica.
 //! - [`replica`]: the driver's pure core (Ready → work for the shell), shared with the
@@ -21,6 +23,7 @@
 pub mod convert;
 pub mod driver;
 pub mod leadership;
+pub mod membership;
 pub mod raft_log;
 pub mod record;
 pub mod replica;

@@ -1,10 +1,18 @@
 //! [`RaftLog`]: the Raft core's view of a shard's replicated log (pure, in memory).
 //!
 //! It holds what the WAL holds, as the `raft` crate's [`Storage`] reads it: the hard state, the
-//! (static) membership, the point the log was compacted to, and every entry after it. The shell
+//! membership, the point the log was compacted to, and every entry after it. The shell
 //! keeps the two in step: each [`RaftRecord`] it writes to the WAL it also applies here
 //! ([`RaftLog::apply_record`]), and recovery rebuilds this state by applying the WAL's records in
 //! order, so after a restart it is exactly what was written.
+//!
+//! Membership: the log keeps the membership in force at each index where it changed
+//! ([`RaftRecord::Conf`], written when a configuration change is applied, and the membership a
+//! checkpoint carries), from the compaction point on. The raft core starts from the membership
+//! in force at the state machine's applied index ([`RaftLog::start_at`]): the configuration
+//! changes committed after it are applied again, like every other entry. A log without any
+//! membership record (written before membership changes existed) starts from the configured
+//! `cluster.peers`.
 //!
 //! Memory: the entries kept are those not yet compacted, which the shell bounds by
 //! `cluster.logRetainEntries` past the slowest follower and by the engine's flushed index.
@@ -20,7 +28,12 @@ use super::record::RaftRecord;
 #[derive(Debug, Default)]
 pub struct RaftLog {
     hard_state: HardState,
+    /// The membership the raft core starts from (see [`RaftLog::start_at`]).
     conf_state: ConfState,
+    /// The membership in force from each index on, ascending; the first one is in force at
+    /// the compaction point. Empty: no membership record was ever written (`conf_state` is
+    /// the configured one).
+    confs: Vec<(u64, ConfState)>,
     /// Index and term of the entry just before `entries` (the compaction point).
     base_index: u64,
     base_term: u64,
@@ -150,6 +163,7 @@ impl RaftLog {
         }
         self.base_index = index;
         self.base_term = term;
+        self.prune_confs(index);
         Ok(())
     }
 
@@ -169,6 +183,60 @@ impl RaftLog {
 
     pub fn conf_state(&self) -> &ConfState {
         &self.conf_state
+    }
+
+    /// Whether any membership record was read or written.
+    pub fn has_conf_record(&self) -> bool {
+        !self.confs.is_empty()
+    }
+
+    /// Notes the membership in force from `index` on (a configuration change applied, a
+    /// snapshot's or a checkpoint's membership); it replaces any noted at or after `index`
+    /// (those were applied before a restart and are being applied again).
+    pub fn note_conf(&mut self, index: u64, conf_state: ConfState) {
+        self.confs.retain(|(at, _)| *at < index);
+        self.confs.push((index, conf_state.clone()));
+        self.conf_state = conf_state;
+    }
+
+    /// Notes the membership in force at `index` without forgetting later changes.
+    fn insert_conf(&mut self, index: u64, conf_state: ConfState) {
+        let at = self.confs.partition_point(|(i, _)| *i < index);
+        if self.confs.get(at).is_some_and(|(i, _)| *i == index) {
+            self.confs[at].1 = conf_state;
+        } else {
+            self.confs.insert(at, (index, conf_state));
+        }
+        if let Some((_, last)) = self.confs.last() {
+            self.conf_state = last.clone();
+        }
+    }
+
+    /// The membership in force at `index`: the last one noted at or below it (the configured
+    /// one when none is).
+    pub fn conf_at(&self, index: u64) -> ConfState {
+        self.confs
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= index)
+            .or(self.confs.first())
+            .map_or_else(|| self.conf_state.clone(), |(_, cs)| cs.clone())
+    }
+
+    /// After recovery: the raft core starts from the membership in force at `applied` (the
+    /// state machine's index); the changes after it are applied again.
+    pub fn start_at(&mut self, applied: u64) {
+        if !self.confs.is_empty() {
+            self.conf_state = self.conf_at(applied);
+        }
+    }
+
+    /// Forgets the memberships superseded at or before `index` (the one in force there stays).
+    fn prune_confs(&mut self, index: u64) {
+        let in_force = self.confs.iter().rposition(|(at, _)| *at <= index);
+        if let Some(keep_from) = in_force {
+            self.confs.drain(..keep_from);
+        }
     }
 
     /// Replaces the whole log with a snapshot's point: nothing at or below it is held, and the
@@ -195,6 +263,7 @@ impl RaftLog {
                 index,
                 term,
                 hard_state,
+                conf,
             } => {
                 if *index > self.last_index() || *index < self.base_index {
                     // A snapshot's point past everything held (or a stale one): start there.
@@ -208,7 +277,14 @@ impl RaftLog {
                     self.reset_to(*index, *term);
                 }
                 self.merge_hard_state(hard_state);
+                if let Some(conf) = conf {
+                    // In force at its index; changes after it (written before this checkpoint
+                    // while the log was being compacted) stay.
+                    self.insert_conf(*index, conf.clone());
+                    self.prune_confs(self.base_index);
+                }
             }
+            RaftRecord::Conf { index, conf_state } => self.note_conf(*index, conf_state.clone()),
         }
         Ok(())
     }
@@ -386,6 +462,7 @@ mod tests {
                 index: 2,
                 term: 1,
                 hard_state: hs(2, 4),
+                conf: None,
             },
         ];
         let mut log = RaftLog::new(vec![1, 2, 3]);
@@ -425,6 +502,7 @@ mod tests {
                 index: 12,
                 term: 2,
                 hard_state: hs(2, 13),
+                conf: None,
             },
             RaftRecord::Entries {
                 hard_state: hs(2, 14),
@@ -452,6 +530,7 @@ mod tests {
             index: 20,
             term: 3,
             hard_state: hs(3, 22),
+            conf: None,
         })
         .unwrap();
         assert_eq!(log.base(), (20, 3));

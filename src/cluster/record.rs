@@ -10,14 +10,19 @@
 //! entries    (kind 1) = hard_state | count u32 | entry*        a first index at or below the last
 //! hard state (kind 2) = hard_state                              one replaces the log from there
 //! checkpoint (kind 3) = index u64 | term u64 | hard_state       the log starts after `index`
+//! conf       (kind 4) = index u64 | conf_state                  the membership from `index` on
+//! checkpoint (kind 5) = index u64 | term u64 | hard_state | conf_state   kind 3 with the
+//!                                                               membership in force at `index`
 //! hard_state = term u64 | vote u64 | commit u64
+//! conf_state = (count u32 | id u64*) × 4 (voters, learners, voters outgoing, learners next)
+//!              | auto_leave u8
 //! entry      = index u64 | term u64 | type u8 | data_len u32 | data | context_len u32 | context
 //! ```
 //!
 //! All integers are little-endian. Decoding checks every length against the bytes present before
 //! allocating and refuses trailing bytes: a record that decodes is whole.
 
-use raft::eraftpb::{Entry, EntryType, HardState};
+use raft::eraftpb::{ConfState, Entry, EntryType, HardState};
 
 use crate::log::wal::Payload;
 
@@ -27,6 +32,8 @@ pub const RECORD_VERSION: u8 = 1;
 const KIND_ENTRIES: u8 = 1;
 const KIND_HARD_STATE: u8 = 2;
 const KIND_CHECKPOINT: u8 = 3;
+const KIND_CONF: u8 = 4;
+const KIND_CHECKPOINT_CONF: u8 = 5;
 const HARD_STATE_BYTES: usize = 24;
 const ENTRY_FIXED_BYTES: usize = 8 + 8 + 1 + 4 + 4;
 
@@ -43,11 +50,20 @@ pub enum RaftRecord {
     HardState(HardState),
     /// The log starts after `index` (of term `term`): written before older segments are
     /// dropped, so the point the log was compacted to and the hard state survive them.
+    ///
+    /// `conf` is the membership in force at `index` (the group's `ConfState`); `None` in a
+    /// checkpoint written before membership changes existed, or by `pinq cluster convert`,
+    /// where the configured `cluster.peers` are the membership.
     Checkpoint {
         index: u64,
         term: u64,
         hard_state: HardState,
+        conf: Option<ConfState>,
     },
+    /// The membership in force from `index` on: written when a configuration change committed
+    /// at `index` is applied (and at a log's creation, index 0, for the initial members), made
+    /// durable before anything after it is applied.
+    Conf { index: u64, conf_state: ConfState },
 }
 
 /// Why bytes are not a valid record.
@@ -70,6 +86,7 @@ impl RaftRecord {
             RaftRecord::Entries { entries, .. } => entries.last().map_or(0, Entry::get_index),
             RaftRecord::HardState(_) => 0,
             RaftRecord::Checkpoint { index, .. } => *index,
+            RaftRecord::Conf { index, .. } => *index,
         }
     }
 
@@ -107,6 +124,17 @@ impl RaftRecord {
                 index: r.u64()?,
                 term: r.u64()?,
                 hard_state: r.hard_state()?,
+                conf: None,
+            },
+            KIND_CHECKPOINT_CONF => RaftRecord::Checkpoint {
+                index: r.u64()?,
+                term: r.u64()?,
+                hard_state: r.hard_state()?,
+                conf: Some(r.conf_state()?),
+            },
+            KIND_CONF => RaftRecord::Conf {
+                index: r.u64()?,
+                conf_state: r.conf_state()?,
             },
             found => return Err(RecordError::UnknownKind { found }),
         };
@@ -131,7 +159,10 @@ impl Payload for RaftRecord {
                         .sum::<usize>()
             }
             RaftRecord::HardState(_) => HARD_STATE_BYTES,
-            RaftRecord::Checkpoint { .. } => 16 + HARD_STATE_BYTES,
+            RaftRecord::Checkpoint { conf, .. } => {
+                16 + HARD_STATE_BYTES + conf.as_ref().map_or(0, conf_state_len)
+            }
+            RaftRecord::Conf { conf_state, .. } => 8 + conf_state_len(conf_state),
         }
     }
 
@@ -163,11 +194,24 @@ impl Payload for RaftRecord {
                 index,
                 term,
                 hard_state,
+                conf,
             } => {
-                out.push(KIND_CHECKPOINT);
+                out.push(if conf.is_some() {
+                    KIND_CHECKPOINT_CONF
+                } else {
+                    KIND_CHECKPOINT
+                });
                 out.extend_from_slice(&index.to_le_bytes());
                 out.extend_from_slice(&term.to_le_bytes());
                 put_hard_state(out, hard_state);
+                if let Some(conf) = conf {
+                    put_conf_state(out, conf);
+                }
+            }
+            RaftRecord::Conf { index, conf_state } => {
+                out.push(KIND_CONF);
+                out.extend_from_slice(&index.to_le_bytes());
+                put_conf_state(out, conf_state);
             }
         }
     }
@@ -177,6 +221,32 @@ fn put_hard_state(out: &mut Vec<u8>, hs: &HardState) {
     out.extend_from_slice(&hs.term.to_le_bytes());
     out.extend_from_slice(&hs.vote.to_le_bytes());
     out.extend_from_slice(&hs.commit.to_le_bytes());
+}
+
+/// A membership's id lists in the order [`put_conf_state`] writes them.
+fn conf_lists(cs: &ConfState) -> [&[u64]; 4] {
+    [
+        &cs.voters,
+        &cs.learners,
+        &cs.voters_outgoing,
+        &cs.learners_next,
+    ]
+}
+
+fn conf_state_len(cs: &ConfState) -> usize {
+    conf_lists(cs).iter().map(|l| 4 + 8 * l.len()).sum::<usize>() + 1
+}
+
+/// `conf_state = (count u32 | id u64*){voters, learners, voters_outgoing, learners_next} |
+/// auto_leave u8`.
+fn put_conf_state(out: &mut Vec<u8>, cs: &ConfState) {
+    for list in conf_lists(cs) {
+        out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+        for id in list {
+            out.extend_from_slice(&id.to_le_bytes());
+        }
+    }
+    out.push(u8::from(cs.auto_leave));
 }
 
 struct Reader<'a> {
@@ -220,6 +290,40 @@ impl<'a> Reader<'a> {
             vote: self.u64()?,
             commit: self.u64()?,
             ..HardState::default()
+        })
+    }
+
+    fn ids(&mut self) -> Result<Vec<u64>, RecordError> {
+        let count = self.u32()? as usize;
+        if count > self.remaining() / 8 {
+            return Err(RecordError::Malformed {
+                what: "id count exceeds the record",
+            });
+        }
+        (0..count).map(|_| self.u64()).collect()
+    }
+
+    fn conf_state(&mut self) -> Result<ConfState, RecordError> {
+        let voters = self.ids()?;
+        let learners = self.ids()?;
+        let voters_outgoing = self.ids()?;
+        let learners_next = self.ids()?;
+        let auto_leave = match self.u8()? {
+            0 => false,
+            1 => true,
+            _ => {
+                return Err(RecordError::Malformed {
+                    what: "auto_leave is neither 0 nor 1",
+                })
+            }
+        };
+        Ok(ConfState {
+            voters,
+            learners,
+            voters_outgoing,
+            learners_next,
+            auto_leave,
+            ..ConfState::default()
         })
     }
 
@@ -291,6 +395,27 @@ mod tests {
                 index: 120,
                 term: 4,
                 hard_state: hs(5, 0, 130),
+                conf: None,
+            },
+            RaftRecord::Checkpoint {
+                index: 121,
+                term: 4,
+                hard_state: hs(5, 0, 130),
+                conf: Some(ConfState {
+                    voters: vec![1, 2, 4],
+                    learners: vec![5],
+                    voters_outgoing: vec![1, 2, 3],
+                    learners_next: vec![3],
+                    auto_leave: true,
+                    ..ConfState::default()
+                }),
+            },
+            RaftRecord::Conf {
+                index: 122,
+                conf_state: ConfState {
+                    voters: vec![1, 2, 4],
+                    ..ConfState::default()
+                },
             },
         ]
     }

@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 
-use raft::eraftpb::{Entry, EntryType, Message, MessageType, Snapshot};
+use raft::eraftpb::{ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::{RawNode, StateRole};
 
 use super::leadership::{Leadership, LeadershipConfig, RaftState};
@@ -95,6 +95,8 @@ pub enum ProposeError {
     NotLeader { leader: Option<u64> },
     #[error("the proposal was dropped by the raft core")]
     Dropped,
+    #[error("another membership change is in progress in this shard")]
+    ChangeInProgress,
 }
 
 /// One follower's progress, as the leader sees it.
@@ -131,6 +133,9 @@ pub struct Replica {
     /// State of the seeded generator of election timeouts, once
     /// [`Replica::seed_election_timeouts`] was called (else the raft core draws them itself).
     election_seed: Option<u64>,
+    /// A member added at run time that holds nothing yet (no membership at all): it takes its
+    /// first state from a snapshot, never from entries (see [`Replica::step`]).
+    awaiting_snapshot: bool,
 }
 
 impl Replica {
@@ -143,6 +148,7 @@ impl Replica {
     ) -> Result<Replica, raft::Error> {
         log.note_applied(applied);
         let applied = applied.min(log.hard_state().commit);
+        log.start_at(applied);
         let raft_config = raft::Config {
             id: config.id,
             election_tick: config.election_ticks,
@@ -166,6 +172,7 @@ impl Replica {
             voters: config.voters.clone(),
             lease_ms: config.lease_ms,
         });
+        let awaiting_snapshot = is_empty_conf(node.store().conf_state());
         let mut replica = Replica {
             node,
             unpersisted: VecDeque::new(),
@@ -174,9 +181,70 @@ impl Replica {
             applied,
             last_role,
             election_seed: None,
+            awaiting_snapshot,
         };
+        if awaiting_snapshot {
+            // Any index past 0: the first leader that reaches it is asked for a snapshot.
+            replica.node.raft.pending_request_snapshot = 1;
+        }
+        replica.sync_leadership_voters();
         replica.observe();
         Ok(replica)
+    }
+
+    /// The leadership core counts the lease among the voters of the membership in force (both
+    /// halves of a joint one).
+    fn sync_leadership_voters(&mut self) {
+        let cs = self.node.store().conf_state();
+        self.leadership
+            .set_voters(cs.voters.clone(), cs.voters_outgoing.clone());
+    }
+
+    /// The membership in force (as applied here).
+    pub fn conf_state(&self) -> &ConfState {
+        self.node.store().conf_state()
+    }
+
+    /// Whether this replica is still waiting for its first state (a member added at run
+    /// time before its first snapshot).
+    pub fn awaiting_snapshot(&self) -> bool {
+        self.awaiting_snapshot
+    }
+
+    /// Proposes a membership change (joint consensus when it changes more than one voter;
+    /// raft leaves the joint configuration by itself). `context` travels with the entry.
+    /// Refused while another change is in progress, the group is in a joint configuration, or
+    /// this replica does not serve.
+    pub fn propose_conf_change(
+        &mut self,
+        change: ConfChangeV2,
+        context: Vec<u8>,
+    ) -> Result<(u64, u64), ProposeError> {
+        if !self.serving() {
+            let leader = self.node.raft.leader_id;
+            return Err(ProposeError::NotLeader {
+                leader: (leader != 0 && leader != self.node.raft.id).then_some(leader),
+            });
+        }
+        if self.node.raft.has_pending_conf() || !self.conf_state().voters_outgoing.is_empty() {
+            return Err(ProposeError::ChangeInProgress);
+        }
+        self.node
+            .propose_conf_change(context, change)
+            .map_err(|_| ProposeError::Dropped)?;
+        Ok((self.node.raft.term, self.node.raft.raft_log.last_index()))
+    }
+
+    /// Applies a committed configuration change (every replica, in log order): the raft core
+    /// takes it, and the membership in force from `entry.index` on is returned for the shell to
+    /// make durable ([`RaftRecord::Conf`]).
+    pub fn apply_conf_change(&mut self, entry: &Entry) -> Result<ConfState, raft::Error> {
+        let change = decode_conf_change(entry)?;
+        let cs = self.node.apply_conf_change(&change)?;
+        self.node.mut_store().note_conf(entry.index, cs.clone());
+        self.sync_leadership_voters();
+        self.observe();
+        Ok(cs)
     }
 
     /// Feeds the leadership core the raft core's state (after anything that may change it).
@@ -366,6 +434,10 @@ impl Replica {
             let snapshot = rd.snapshot().clone();
             let meta = snapshot.get_metadata();
             self.node.mut_store().reset_to(meta.index, meta.term);
+            let conf = meta.get_conf_state().clone();
+            self.node.mut_store().note_conf(meta.index, conf);
+            self.sync_leadership_voters();
+            self.awaiting_snapshot = false;
             work.snapshot = Some(snapshot);
         }
         let entries = rd.take_entries();
@@ -385,6 +457,7 @@ impl Replica {
                 index: s.get_metadata().index,
                 term: s.get_metadata().term,
                 hard_state: current_hs(),
+                conf: Some(s.get_metadata().get_conf_state().clone()),
             });
         }
         let record = if !entries.is_empty() {
@@ -616,6 +689,43 @@ impl Replica {
             followers,
         }
     }
+}
+
+/// No voter and no learner: a member added at run time that has not received its first
+/// snapshot (see [`Replica::awaiting_snapshot`]).
+pub fn is_empty_conf(cs: &ConfState) -> bool {
+    cs.voters.is_empty()
+        && cs.learners.is_empty()
+        && cs.voters_outgoing.is_empty()
+        && cs.learners_next.is_empty()
+}
+
+/// A committed configuration change entry as the `ConfChangeV2` raft applies.
+pub fn decode_conf_change(entry: &Entry) -> Result<ConfChangeV2, raft::Error> {
+    use protobuf::Message as _;
+    match entry.get_entry_type() {
+        EntryType::EntryConfChangeV2 => Ok(ConfChangeV2::parse_from_bytes(&entry.data)?),
+        EntryType::EntryConfChange => {
+            // pinq proposes only V2 changes; a V1 one reads as the one change it makes.
+            let v1 = raft::eraftpb::ConfChange::parse_from_bytes(&entry.data)?;
+            let mut single = raft::eraftpb::ConfChangeSingle::default();
+            single.node_id = v1.node_id;
+            single.set_change_type(v1.get_change_type());
+            let mut v2 = ConfChangeV2::default();
+            v2.mut_changes().push(single);
+            v2.context = v1.context;
+            Ok(v2)
+        }
+        EntryType::EntryNormal => Err(raft::Error::ConfChangeError(format!(
+            "entry {} is not a configuration change",
+            entry.index
+        ))),
+    }
+}
+
+/// Whether a committed entry changes the membership.
+pub fn is_conf_change(entry: &Entry) -> bool {
+    entry.get_entry_type() != EntryType::EntryNormal
 }
 
 /// A request for a vote (or pre-vote) in a term past `term`: what the quiet period ignores.
