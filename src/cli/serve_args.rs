@@ -71,6 +71,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ID=ADDR,...")]
     pub peers: Option<String>,
 
+    /// Join a running cluster instead of starting a new one, cluster.join: any member's client
+    /// address (HOST:PORT). The node serves nothing until `pinq cluster add-node` adds it.
+    #[arg(long, value_name = "ADDR", conflicts_with = "peers")]
+    pub join: Option<String>,
+
     /// Client address this node tells its peers and clients, cluster.advertise
     /// [default: --listen].
     #[arg(long, value_name = "ADDR")]
@@ -129,6 +134,7 @@ impl ServeArgs {
             ("server.numa", "--numa", &self.numa),
             ("cluster.raftListen", "--raft-listen", &self.raft_listen),
             ("cluster.peers", "--peers", &self.peers),
+            ("cluster.join", "--join", &self.join),
             ("cluster.advertise", "--advertise", &self.advertise),
             ("server.tlsCertFile", "--tls-cert", &self.tls_cert),
             ("server.tlsKeyFile", "--tls-key", &self.tls_key),

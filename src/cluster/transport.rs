@@ -174,7 +174,8 @@ pub struct Transport {
 
 struct Inner {
     node_id: u64,
-    hello: Hello,
+    /// This node's `Hello`; its members follow [`Transport::set_peers`].
+    hello: RefCell<Hello>,
     shard_count: u32,
     queue_len_max: usize,
     max_frame_bytes: usize,
@@ -204,6 +205,18 @@ struct Peer {
     /// The established connection, if any.
     connection: Option<Connection>,
     ever_connected: bool,
+}
+
+impl Peer {
+    fn new(raft_addr: SocketAddr) -> Peer {
+        Peer {
+            raft_addr,
+            client_addr: None,
+            queue: VecDeque::new(),
+            connection: None,
+            ever_connected: false,
+        }
+    }
 }
 
 struct Connection {
@@ -246,22 +259,11 @@ impl Transport {
             .peers
             .iter()
             .filter(|(id, _)| **id != config.node_id)
-            .map(|(id, addr)| {
-                (
-                    *id,
-                    Peer {
-                        raft_addr: *addr,
-                        client_addr: None,
-                        queue: VecDeque::new(),
-                        connection: None,
-                        ever_connected: false,
-                    },
-                )
-            })
+            .map(|(id, addr)| (*id, Peer::new(*addr)))
             .collect();
         let inner = Rc::new(Inner {
             node_id: config.node_id,
-            hello: Hello::new(config, shard_count),
+            hello: RefCell::new(Hello::new(config, shard_count)),
             shard_count,
             queue_len_max: config.outbound_queue_messages,
             max_frame_bytes: config.max_frame_bytes,
@@ -281,15 +283,15 @@ impl Transport {
             stopped: Cell::new(false),
         });
         spawn(&inner, accept_loop(inner.clone(), listener));
-        let dialed: Vec<(u64, SocketAddr)> = inner
+        let dialed: Vec<u64> = inner
             .peers
             .borrow()
-            .iter()
-            .filter(|(id, _)| **id > config.node_id)
-            .map(|(id, peer)| (*id, peer.raft_addr))
+            .keys()
+            .copied()
+            .filter(|id| *id > config.node_id)
             .collect();
-        for (id, addr) in dialed {
-            spawn(&inner, dial_loop(inner.clone(), id, addr));
+        for id in dialed {
+            spawn(&inner, dial_loop(inner.clone(), id));
         }
         tracing::info!(
             node = config.node_id,
@@ -334,6 +336,50 @@ impl Transport {
                 reachable: peer.connection.is_some(),
             })
             .collect()
+    }
+
+    /// The members changed (`pinq cluster add-node`/`remove-node`): from now on the peers are
+    /// `wanted` (this node left out). A new peer gets a dialer if its id is higher (see "Who
+    /// dials"); a peer gone has its connection closed and its dialer ends. The `Hello` this
+    /// node sends lists the new members.
+    pub fn set_peers(&self, wanted: &BTreeMap<u64, SocketAddr>) {
+        let inner = &self.inner;
+        let mut dial = Vec::new();
+        {
+            let mut peers = inner.peers.borrow_mut();
+            peers.retain(|id, peer| {
+                let keep = wanted.contains_key(id) && *id != inner.node_id;
+                if !keep {
+                    peer.queue.clear();
+                    if let Some(connection) = peer.connection.take() {
+                        connection.closing.set(true);
+                        connection.wake.notify();
+                    }
+                }
+                keep
+            });
+            for (&id, &addr) in wanted.iter().filter(|(id, _)| **id != inner.node_id) {
+                match peers.get_mut(&id) {
+                    Some(peer) => peer.raft_addr = addr,
+                    None => {
+                        peers.insert(id, Peer::new(addr));
+                        if id > inner.node_id {
+                            dial.push((id, addr));
+                        }
+                    }
+                }
+            }
+        }
+        {
+            let mut hello = inner.hello.borrow_mut();
+            let own = hello.raft_addr;
+            hello.members = wanted.clone();
+            hello.members.insert(inner.node_id, own);
+        }
+        for (id, addr) in dial {
+            tracing::info!(node = inner.node_id, peer = id, %addr, "new cluster member: dialing it");
+            spawn(inner, dial_loop(inner.clone(), id));
+        }
     }
 
     /// The counters so far.
@@ -503,13 +549,19 @@ async fn accept_loop(inner: Rc<Inner>, listener: TcpListener) {
     }
 }
 
-/// Dials `peer` for as long as the transport runs: connect, handshake, carry traffic until the
-/// connection ends, then dial again after a backoff (reset once a connection was established).
-async fn dial_loop(inner: Rc<Inner>, peer: u64, addr: SocketAddr) {
+/// Dials `peer` for as long as the transport runs and the peer is a member: connect,
+/// handshake, carry traffic until the connection ends, then dial again after a backoff (reset
+/// once a connection was established). The address is looked up at each dial (a member's
+/// address may be corrected by a membership change).
+async fn dial_loop(inner: Rc<Inner>, peer: u64) {
     let mut backoff = BACKOFF_MIN;
     let mut jitter = Jitter::new(inner.node_id, peer);
     let mut unreachable_logged = false;
     loop {
+        let Some(addr) = inner.peers.borrow().get(&peer).map(|p| p.raft_addr) else {
+            tracing::info!(node = inner.node_id, peer, "no longer a cluster member: not dialing it any more");
+            return;
+        };
         match TcpStream::connect_timeout(addr, inner.idle_timeout.max(BACKOFF_MIN)).await {
             Ok(stream) => {
                 unreachable_logged = false;
@@ -738,7 +790,7 @@ fn verdict(
     peer_addr: SocketAddr,
     peer_cert: Option<&CertificateDer<'_>>,
 ) -> Result<(), HandshakeRefusal> {
-    check_hello(&inner.hello, theirs)?;
+    check_hello(&inner.hello.borrow(), theirs)?;
     match (dialed, &inner.tls) {
         (Some(expected), _) if expected != theirs.node_id => Err(HandshakeRefusal {
             reason: RefusalReason::UnknownNode,
@@ -773,7 +825,7 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut out = Vec::new();
-    inner.hello.encode(&mut out)?;
+    inner.hello.borrow().encode(&mut out)?;
     writer.write_all(&out).await?;
     writer.flush().await?;
 

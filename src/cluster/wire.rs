@@ -467,13 +467,23 @@ pub fn check_hello(ours: &Hello, theirs: &Hello) -> Result<(), HandshakeRefusal>
             ),
         );
     }
-    if theirs.members != ours.members {
+    // Member lists differ while a membership change spreads (and a joining node knows the
+    // members it was told); what two nodes must agree on is the address of every node both
+    // list.
+    let conflicts: BTreeMap<u64, SocketAddr> = theirs
+        .members
+        .iter()
+        .filter(|(id, addr)| ours.members.get(id).is_some_and(|mine| mine != *addr))
+        .map(|(id, addr)| (*id, *addr))
+        .collect();
+    if !conflicts.is_empty() {
         return refuse(
             RefusalReason::MembersMismatch,
             format!(
-                "node {them} lists members {}, node {us} lists {}",
+                "node {them} lists members {}, node {us} lists {}: they disagree on the address of {}",
                 members_text(&theirs.members),
-                members_text(&ours.members)
+                members_text(&ours.members),
+                members_text(&conflicts)
             ),
         );
     }

@@ -394,8 +394,13 @@ pub struct ClusterConfig {
     pub node_id: u64,
     /// `cluster.raftListen`: where this node accepts connections from its peers.
     pub raft_listen: SocketAddr,
-    /// `cluster.peers`: every member's Raft address by node id, this node included.
+    /// `cluster.peers`: every member's Raft address by node id, this node included: a new
+    /// cluster's first membership (the membership stored in the log wins later). With
+    /// `cluster.join`, only this node.
     pub peers: BTreeMap<u64, SocketAddr>,
+    /// `cluster.join`: a running member's client address; this node starts as nobody's member
+    /// and serves nothing until `pinq cluster add-node` adds it.
+    pub join: Option<String>,
     /// `cluster.advertise`: the client address this node gives peers and clients (by default
     /// `server.listen`, which must then be a concrete IP and port).
     pub advertise: SocketAddr,

@@ -48,6 +48,7 @@ fn free_addrs(n: usize) -> Vec<SocketAddr> {
 fn config(node_id: u64, addrs: &[SocketAddr]) -> ClusterConfig {
     ClusterConfig {
         node_id,
+        join: None,
         raft_listen: addrs[node_id as usize - 1],
         peers: addrs
             .iter()
@@ -219,22 +220,52 @@ fn a_shard_count_mismatch_is_refused_with_the_typed_reason_on_both_sides() {
 }
 
 #[test]
-fn a_members_mismatch_is_refused_showing_both_lists() {
+fn a_member_listed_at_another_address_is_refused_naming_it() {
     run(|| async {
-        let addrs = free_addrs(3);
-        let (one, _) = start(&config(1, &addrs), 2);
-        // Node 2 believes in a two-node cluster.
-        let (two, _) = start(&config(2, &addrs[..2]), 2);
+        let addrs = free_addrs(4);
+        let (one, _) = start(&config(1, &addrs[..3]), 2);
+        // Node 2 believes node 3 listens elsewhere.
+        let moved = [addrs[0], addrs[1], addrs[3]];
+        let (two, _) = start(&config(2, &moved), 2);
         until("a refusal", || !two.recent_refusals().is_empty()).await;
         let event = &two.recent_refusals()[0];
         assert_eq!(event.refusal.reason, RefusalReason::MembersMismatch);
         assert!(
-            event.refusal.detail.contains(&format!("3={}", addrs[2])),
+            event.refusal.detail.contains(&format!("3={}", addrs[3])),
             "{}",
             event.refusal
         );
         one.stop();
         two.stop();
+    });
+}
+
+#[test]
+fn peers_set_at_run_time_are_dialed_and_dropped() {
+    run(|| async {
+        let addrs = free_addrs(3);
+        let (one, _) = start(&config(1, &addrs[..2]), 2);
+        let (two, _) = start(&config(2, &addrs[..2]), 2);
+        until("1 and 2 connected", || one.peers().iter().all(|p| p.reachable)).await;
+        // Node 3 starts knowing all three; node 1 learns of it at run time and dials it.
+        let (three, _) = start(&config(3, &addrs), 2);
+        let all: BTreeMap<u64, SocketAddr> = [(1, addrs[0]), (2, addrs[1]), (3, addrs[2])].into();
+        one.set_peers(&all);
+        until("1 reaches 3", || {
+            one.peers().iter().any(|p| p.id == 3 && p.reachable)
+        })
+        .await;
+        // Node 3 leaves node 1's members: the connection closes and is not dialed again.
+        let without_three: BTreeMap<u64, SocketAddr> = [(1, addrs[0]), (2, addrs[1])].into();
+        one.set_peers(&without_three);
+        assert!(one.peers().iter().all(|p| p.id != 3));
+        until("3 sees 1 gone", || {
+            three.peers().iter().all(|p| p.id != 1 || !p.reachable)
+        })
+        .await;
+        one.stop();
+        two.stop();
+        three.stop();
     });
 }
 

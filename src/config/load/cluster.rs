@@ -33,9 +33,10 @@ const MAX_FRAME_BYTES_LIMIT: u64 = 1 << 30;
 const MEMBERS_LIMIT: usize = 64;
 
 /// The keys of `[cluster]` besides `nodeId`, in the order a missing one is reported.
-const DEPENDENT_KEYS: [&str; 12] = [
+const DEPENDENT_KEYS: [&str; 13] = [
     "raftListen",
     "peers",
+    "join",
     "advertise",
     "tickInterval",
     "heartbeatTicks",
@@ -95,17 +96,7 @@ impl ConfigLoader {
             ));
         };
         let raft_listen = self.address("cluster.raftListen", raft_listen_text)?;
-        let Some(PeersValue(members)) = &raw.peers else {
-            return Err(self.invalid(
-                "cluster.peers",
-                format!(
-                    "must be set when cluster.nodeId is ({}): every member as ID=IP:PORT, this node included",
-                    self.origin("cluster.nodeId")
-                ),
-            ));
-        };
-        let peers = self.peers(members)?;
-        self.check_membership(node_id, raft_listen, &peers)?;
+        let (peers, join) = self.members_or_join(&raw, node_id, raft_listen)?;
 
         let advertise = self.advertise(raw.advertise.as_deref(), server)?;
 
@@ -128,6 +119,7 @@ impl ConfigLoader {
             node_id,
             raft_listen,
             peers,
+            join,
             advertise,
             tick_interval: Duration::from_millis(tick_interval_ms),
             heartbeat_ticks,
@@ -346,6 +338,54 @@ impl ConfigLoader {
 
     /// This node is a member, at `raftListen` (or on its port when `raftListen` is a wildcard
     /// such as `0.0.0.0:7101`).
+    /// `cluster.peers` (a new cluster's first members) or `cluster.join` (a member's client
+    /// address: this node joins a running cluster, and the peers are then only itself).
+    fn members_or_join(
+        &self,
+        raw: &RawCluster,
+        node_id: u64,
+        raft_listen: SocketAddr,
+    ) -> Result<(BTreeMap<u64, SocketAddr>, Option<String>), ConfigError> {
+        match (&raw.peers, &raw.join) {
+            (Some(_), Some(_)) => Err(self.invalid(
+                "cluster.join",
+                format!(
+                    "cannot be set with cluster.peers ({}): peers names a new cluster's first members, join adds this node to a running cluster",
+                    self.origin("cluster.peers")
+                ),
+            )),
+            (None, Some(join)) => {
+                if join.trim().is_empty() || !join.contains(':') {
+                    return Err(self.invalid(
+                        "cluster.join",
+                        format!("{join:?} is not HOST:PORT: give any member's client address"),
+                    ));
+                }
+                if raft_listen.ip().is_unspecified() {
+                    return Err(self.invalid(
+                        "cluster.raftListen",
+                        format!(
+                            "{raft_listen} is a wildcard: a joining node needs the concrete address its peers will dial (the one given to `pinq cluster add-node --raft`)"
+                        ),
+                    ));
+                }
+                Ok((BTreeMap::from([(node_id, raft_listen)]), Some(join.clone())))
+            }
+            (Some(PeersValue(members)), None) => {
+                let peers = self.peers(members)?;
+                self.check_membership(node_id, raft_listen, &peers)?;
+                Ok((peers, None))
+            }
+            (None, None) => Err(self.invalid(
+                "cluster.peers",
+                format!(
+                    "must be set when cluster.nodeId is ({}): every member as ID=IP:PORT, this node included (or cluster.join, to join a running cluster)",
+                    self.origin("cluster.nodeId")
+                ),
+            )),
+        }
+    }
+
     fn check_membership(
         &self,
         node_id: u64,

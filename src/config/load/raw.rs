@@ -127,6 +127,7 @@ pub(super) struct RawCluster {
     pub(super) node_id: Option<u64>,
     pub(super) raft_listen: Option<String>,
     pub(super) peers: Option<PeersValue>,
+    pub(super) join: Option<String>,
     pub(super) advertise: Option<String>,
     pub(super) tick_interval: Option<DurationValue>,
     pub(super) heartbeat_ticks: Option<u64>,

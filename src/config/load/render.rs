@@ -175,11 +175,16 @@ fn render_cluster(c: &crate::config::ClusterConfig) -> String {
         .iter()
         .map(|(id, addr)| text(&format!("{id}={addr}")))
         .collect();
+    // A joining node's peers are itself only, which is what `join` implies.
+    let members = match &c.join {
+        Some(join) => format!("join = {}", text(join)),
+        None => format!("peers = [{}]", peers.join(", ")),
+    };
     format!(
         "\n[cluster]\n\
          nodeId = {}\n\
          raftListen = {}\n\
-         peers = [{}]\n\
+         {}\n\
          advertise = {}\n\
          tickInterval = {}\n\
          heartbeatTicks = {}\n\
@@ -189,7 +194,7 @@ fn render_cluster(c: &crate::config::ClusterConfig) -> String {
          maxFrameBytes = {}\n{}",
         c.node_id,
         text(&c.raft_listen.to_string()),
-        peers.join(", "),
+        members,
         text(&c.advertise.to_string()),
         duration(u64::try_from(c.tick_interval.as_millis()).unwrap_or(u64::MAX)),
         c.heartbeat_ticks,

@@ -657,6 +657,7 @@ fn every_key_can_be_set_from_its_environment_variable() {
         },
         cluster: Some(ClusterConfig {
             node_id: 2,
+            join: None,
             raft_listen: "0.0.0.0:7102".parse().unwrap(),
             peers: [
                 (1, "10.0.0.1:7101".parse().unwrap()),
