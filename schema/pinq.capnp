@@ -187,6 +187,31 @@ interface Broker {
   # topic's shard leader (like `subscribe`). Fails (`failed`, text "code: sentence") on an empty
   # group, a bad topic or bounds, or past `delivery.maxGroupsPerShard` policies
   # (`tooManyGroups`).
+
+  changeMembership @8 (shardId :UInt32, action :MembershipAction, nodeId :UInt64,
+                       raftAddress :Text, clientAddress :Text)
+      -> (voters :List(UInt64), learners :List(UInt64), notLeader :NotLeader);
+  # Admin, cluster only: one step of a membership change (`pinq cluster add-node` and
+  # `remove-node` drive these steps; see the README's "Adding, removing and replacing a node").
+  # `addLearner`, `promote` and `remove` go to the leader of `shardId` (else `notLeader` is set
+  # and nothing was done) and answer once the change is committed and applied there, with the
+  # shard's voters and learners then; a step already done answers at once. `addLearner` needs
+  # the new node's `raftAddress` (IP:PORT, where its peers dial it) and `clientAddress`; the
+  # other actions ignore them. `transferLeadership`: if this node leads `shardId`, it hands the
+  # leadership to another voter (answers at once; `notLeader` names the leader otherwise).
+  # `retire` goes to the node being removed itself (`nodeId` must be its id), once no shard
+  # counts it a member any more: it stops serving and exits, saying why.
+  # Fails (`failed`, text "code: sentence") with `membershipInProgress` (another change of the
+  # shard is not finished), `lastVoter`, `notALearner`, `leadershipLost` (run the step again),
+  # `notClustered` (a standalone broker) or `invalidRequest`.
+}
+
+enum MembershipAction {
+  addLearner @0;
+  promote @1;
+  remove @2;
+  transferLeadership @3;
+  retire @4;
 }
 
 struct NotLeader {
@@ -215,6 +240,9 @@ struct NodeStatus {
   # Empty when the answering node has not heard it from that node yet.
   reachable @3 :Bool;
   # The answering node has a working connection to it (always true for itself).
+  role @4 :Text;
+  # "voter" (it votes in every shard), "learner" (a member of some shard that does not vote in
+  # every one: being added or removed), or empty (not a member as this node sees it).
 }
 
 struct ShardReplica {
@@ -227,6 +255,11 @@ struct ShardReplica {
   appliedIndex @4 :UInt64;
   followers @5 :List(FollowerProgress);
   # Filled only when the answering node is the leader.
+  voters @6 :List(UInt64);
+  learners @7 :List(UInt64);
+  votersOutgoing @8 :List(UInt64);
+  # The shard's membership as the answering node applied it; `votersOutgoing` is not empty while
+  # a change is in progress (raft's joint consensus: the voters before the change).
 }
 
 struct FollowerProgress {

@@ -6,7 +6,9 @@
 //! (term, commit and applied index, each follower's match index) are then read from that
 //! shard's leader, which is the only node that knows its followers' progress. With `--json`
 //! one object is printed (scripts depend on this form):
-//! `{"nodes":[{"id":1,"raft":"…","client":"…","reachable":true}],"shards":[{"shard":0,"leader":1,"term":3,"commit":120,"applied":120,"followers":[{"id":2,"match":120}]}]}`.
+//! `{"nodes":[{"id":1,"raft":"…","client":"…","reachable":true,"role":"voter"}],"shards":[{"shard":0,"leader":1,"term":3,"commit":120,"applied":120,"followers":[{"id":2,"match":120,"lag":0}],"voters":[1,2,3],"learners":[],"voters_outgoing":[]}]}`.
+//!
+//! `pinq cluster add-node` and `remove-node` are in `super::membership_cmds`.
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -24,6 +26,11 @@ pub enum ClusterCommand {
     /// Print every node (id, Raft and client address, reachable) and every shard (leader,
     /// term, commit and applied index, each follower's match index and lag).
     Status(StatusArgs),
+    /// Add a node to every shard: as a learner, then, once it has caught up, as a voter. Start
+    /// the node first with `pinq serve --node-id N --raft-listen ADDR --join ADDR`.
+    AddNode(super::membership_cmds::AddNodeArgs),
+    /// Remove a node from every shard (its leaderships handed over first); the node then stops.
+    RemoveNode(super::membership_cmds::RemoveNodeArgs),
     /// Convert a stopped standalone broker's data directory into a cluster member's, in place
     /// (offline; re-run it after an interruption). Copy the result to every member's data
     /// directory before starting any of them (README "Standalone to cluster").
@@ -55,6 +62,8 @@ struct NodeJson {
     raft: String,
     client: String,
     reachable: bool,
+    /// `voter`, `learner`, or empty (not a member as the answering node sees it).
+    role: String,
 }
 
 #[derive(Serialize)]
@@ -73,6 +82,10 @@ struct ShardJson {
     commit: u64,
     applied: u64,
     followers: Vec<FollowerJson>,
+    voters: Vec<u64>,
+    learners: Vec<u64>,
+    /// Not empty while a membership change is in progress (the voters before it).
+    voters_outgoing: Vec<u64>,
 }
 
 #[derive(Serialize)]
@@ -85,6 +98,8 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
     match command {
         ClusterCommand::Status(args) => status(args),
         ClusterCommand::Convert(args) => convert(args),
+        ClusterCommand::AddNode(args) => super::membership_cmds::add_node(args),
+        ClusterCommand::RemoveNode(args) => super::membership_cmds::remove_node(args),
     }
 }
 
@@ -173,6 +188,7 @@ async fn gather(
             raft: n.raft_address.clone(),
             client: n.client_address.clone(),
             reachable: n.reachable,
+            role: n.role.clone(),
         })
         .collect();
     Ok(StatusJson { nodes, shards })
@@ -222,15 +238,21 @@ fn shard_json(s: &ShardReplica) -> ShardJson {
                 lag: s.commit_index.saturating_sub(f.match_index),
             })
             .collect(),
+        voters: s.voters.clone(),
+        learners: s.learners.clone(),
+        voters_outgoing: s.voters_outgoing.clone(),
     }
 }
 
 fn print_table(report: &StatusJson) {
-    println!("{:>4}  {:<22} {:<22} reachable", "node", "raft", "client");
+    println!(
+        "{:>4}  {:<22} {:<22} {:<9} {:<7}",
+        "node", "raft", "client", "reachable", "role"
+    );
     for n in &report.nodes {
         println!(
-            "{:>4}  {:<22} {:<22} {}",
-            n.id, n.raft, n.client, n.reachable
+            "{:>4}  {:<22} {:<22} {:<9} {:<7}",
+            n.id, n.raft, n.client, n.reachable, n.role
         );
     }
     println!();
@@ -252,6 +274,22 @@ fn print_table(report: &StatusJson) {
             s.commit,
             s.applied,
             followers.join(" ")
+        );
+    }
+    println!();
+    println!("shard  membership");
+    for s in &report.shards {
+        let change = if s.voters_outgoing.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "  (change in progress: voters before {:?})",
+                s.voters_outgoing
+            )
+        };
+        println!(
+            "{:>5}  voters {:?} learners {:?}{change}",
+            s.shard, s.voters, s.learners
         );
     }
 }

@@ -12,6 +12,7 @@ pub mod cluster_cmds;
 pub mod connect_args;
 pub mod doctor_args;
 pub mod group_cmds;
+pub mod membership_cmds;
 pub mod serve_args;
 pub mod stats_cmds;
 

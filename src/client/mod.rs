@@ -30,6 +30,7 @@
 //! and reads the same refusals from the exceptions' text ([`ClientError::refusal`]).
 
 mod ack_group;
+mod membership;
 mod policy;
 mod publisher;
 mod router;
@@ -56,6 +57,7 @@ use futures_lite::io::{BufReader, BufWriter};
 use self::runtime::Tcp;
 
 pub use self::ack_group::{AckGroup, ACK_GROUP_TAGS_MAX};
+pub use self::membership::{ShardMembers, StepTarget};
 pub use self::policy::GroupPolicy;
 pub use self::publisher::Publisher;
 pub use self::router::{Router, RouterOptions};

@@ -50,8 +50,9 @@ use raft::eraftpb::{Entry, Message};
 
 use super::raft_log::RaftLog;
 use super::record::RaftRecord;
-use super::replica::{is_conf_change, 
-    carries_command, quiet_logger, RecordSink, Replica, ReplicaConfig, ReplicaStatus, Role,
+use super::replica::{
+    carries_command, is_conf_change, quiet_logger, RecordSink, Replica, ReplicaConfig,
+    ReplicaStatus, Role,
 };
 use crate::key::Key;
 use crate::log::{recovery, Command, Log, Wal};

@@ -64,7 +64,10 @@ impl MemberAddr {
         let id = parts.next()?.parse().ok()?;
         let raft = parts.next()?.parse().ok()?;
         let client = parts.next()?.to_string();
-        parts.next().is_none().then_some(MemberAddr { id, raft, client })
+        parts
+            .next()
+            .is_none()
+            .then_some(MemberAddr { id, raft, client })
     }
 }
 
@@ -75,9 +78,13 @@ pub enum MembershipError {
     NotLeader { leader: Option<u64> },
     #[error("another membership change is in progress in shard {shard}: wait for it to finish, then run the command again")]
     InProgress { shard: usize },
-    #[error("node {node} is the last voter of shard {shard}: a group cannot remove its last voter")]
+    #[error(
+        "node {node} is the last voter of shard {shard}: a group cannot remove its last voter"
+    )]
     LastVoter { node: u64, shard: usize },
-    #[error("node {node} is not a learner of shard {shard}: add it first (`pinq cluster add-node`)")]
+    #[error(
+        "node {node} is not a learner of shard {shard}: add it first (`pinq cluster add-node`)"
+    )]
     NotALearner { node: u64, shard: usize },
     #[error("leadership changed before the membership change committed in shard {shard}: run the command again")]
     Lost { shard: usize },
@@ -166,7 +173,10 @@ mod tests {
             panic!("expected a change, got {plan:?}");
         };
         assert_eq!(change.changes.len(), 1);
-        (change.changes[0].node_id, change.changes[0].get_change_type())
+        (
+            change.changes[0].node_id,
+            change.changes[0].get_change_type(),
+        )
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //!   copies (first entry of the term, the lease, step-down); pure, fed by the replica.
 //! - [`replica`]: the driver's pure core (Ready → work for the shell), shared with the
 //!   deterministic simulation (`tests/cluster_sim.rs`).
+//! - [`address_book`]: where each member is (Raft and client address), kept in the data
+//!   directory so a restart knows the members added at run time.
 //! - [`convert`]: `pinq cluster convert`, the offline step that makes a standalone data
 //!   directory a cluster's first member (a checkpoint at the tables' index as the Raft log).
 //! - [`driver`]: `ReplicatedStore`, the glommio shell that drives a replica on its shard's core
@@ -20,6 +22,7 @@
 //!   shard 0's executor; the only part that does network I/O. Other shards reach it through the
 //!   mesh (`crate::server::shard`).
 
+pub mod address_book;
 pub mod convert;
 pub mod driver;
 pub mod leadership;

@@ -234,7 +234,11 @@ fn conf_lists(cs: &ConfState) -> [&[u64]; 4] {
 }
 
 fn conf_state_len(cs: &ConfState) -> usize {
-    conf_lists(cs).iter().map(|l| 4 + 8 * l.len()).sum::<usize>() + 1
+    conf_lists(cs)
+        .iter()
+        .map(|l| 4 + 8 * l.len())
+        .sum::<usize>()
+        + 1
 }
 
 /// `conf_state = (count u32 | id u64*){voters, learners, voters_outgoing, learners_next} |

@@ -641,7 +641,15 @@ impl Replica {
         if self.node.raft.state != StateRole::Leader {
             return None;
         }
-        let to = self.status().followers.iter().max_by_key(|f| f.matched)?.id;
+        // Among voters only: raft ignores a transfer to a learner.
+        let voters = self.conf_state().voters.clone();
+        let to = self
+            .status()
+            .followers
+            .iter()
+            .filter(|f| voters.contains(&f.id))
+            .max_by_key(|f| f.matched)?
+            .id;
         // The transferee campaigns without waiting out this leader's lease.
         self.leadership.transfer_started();
         self.node.transfer_leader(to);

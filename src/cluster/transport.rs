@@ -559,7 +559,11 @@ async fn dial_loop(inner: Rc<Inner>, peer: u64) {
     let mut unreachable_logged = false;
     loop {
         let Some(addr) = inner.peers.borrow().get(&peer).map(|p| p.raft_addr) else {
-            tracing::info!(node = inner.node_id, peer, "no longer a cluster member: not dialing it any more");
+            tracing::info!(
+                node = inner.node_id,
+                peer,
+                "no longer a cluster member: not dialing it any more"
+            );
             return;
         };
         match TcpStream::connect_timeout(addr, inner.idle_timeout.max(BACKOFF_MIN)).await {

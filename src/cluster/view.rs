@@ -22,9 +22,11 @@ pub struct NodeView {
 }
 
 /// One shard's replica on this node.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ShardView {
     pub status: ReplicaStatus,
+    /// The membership in force in this shard's group, as applied here.
+    pub conf: raft::eraftpb::ConfState,
 }
 
 #[derive(Debug, Default)]
@@ -102,6 +104,68 @@ impl ClusterView {
     }
 
     /// Whether this node serves as the leader of at least one shard (for `/healthz`).
+    /// The membership of `shard`'s group changed (as applied here).
+    pub fn set_conf(&self, shard: usize, conf: raft::eraftpb::ConfState) {
+        self.with(|inner| {
+            if let Some(view) = inner.shards.get_mut(shard) {
+                view.conf = conf;
+            }
+        });
+    }
+
+    /// A member's Raft address (and client address, when known), from a change that adds it.
+    pub fn learn_node(&self, id: u64, raft: String, client: Option<String>) {
+        self.with(|inner| {
+            let node = inner.nodes.entry(id).or_insert_with(|| NodeView {
+                id,
+                ..NodeView::default()
+            });
+            node.raft = raft;
+            if client.is_some() {
+                node.client = client;
+            }
+        });
+    }
+
+    /// A node no shard counts as a member any more.
+    pub fn forget_node(&self, id: u64) {
+        self.with(|inner| inner.nodes.remove(&id));
+    }
+
+    /// Every node some shard's group counts as a member (any role); `None` while no shard
+    /// has a membership (a node started with `cluster.join`, before it is added).
+    pub fn members_in_force(&self) -> Option<std::collections::BTreeSet<u64>> {
+        self.with(|inner| {
+            let members: std::collections::BTreeSet<u64> = inner
+                .shards
+                .iter()
+                .flat_map(|s| super::membership::members_of(&s.conf).collect::<Vec<_>>())
+                .collect();
+            (!members.is_empty()).then_some(members)
+        })
+        .flatten()
+    }
+
+    /// `voter` when `node` votes in every shard, `learner` when it is a member of some shard
+    /// without voting in all of them (being added, or removed), `None` otherwise.
+    pub fn role_of(&self, node: u64) -> Option<&'static str> {
+        self.with(|inner| {
+            let roles: Vec<Option<&'static str>> = inner
+                .shards
+                .iter()
+                .map(|s| super::membership::role_of(&s.conf, node))
+                .collect();
+            if roles.iter().all(|r| *r == Some("voter")) {
+                Some("voter")
+            } else if roles.iter().any(Option::is_some) {
+                Some("learner")
+            } else {
+                None
+            }
+        })
+        .flatten()
+    }
+
     pub fn leads_any(&self) -> bool {
         self.with(|inner| inner.shards.iter().any(|s| s.status.serving))
             .unwrap_or(false)

@@ -58,6 +58,8 @@ pub struct NodeStatus {
     pub raft_address: String,
     pub client_address: String,
     pub reachable: bool,
+    /// `voter`, `learner`, or empty (see the schema's `NodeStatus.role`).
+    pub role: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -74,6 +76,10 @@ pub struct ShardReplica {
     pub commit_index: u64,
     pub applied_index: u64,
     pub followers: Vec<FollowerProgress>,
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+    /// Not empty while a membership change is in progress (the voters before it).
+    pub voters_outgoing: Vec<u64>,
 }
 
 /// `Broker.clusterStatus`'s answer.
@@ -93,6 +99,7 @@ pub fn write_cluster_status(mut b: cluster_status::Builder<'_>, s: &ClusterStatu
         nb.set_raft_address(n.raft_address.as_str());
         nb.set_client_address(n.client_address.as_str());
         nb.set_reachable(n.reachable);
+        nb.set_role(n.role.as_str());
     }
     let mut shards = b.init_shards(s.shards.len() as u32);
     for (i, sh) in (0u32..).zip(&s.shards) {
@@ -102,13 +109,37 @@ pub fn write_cluster_status(mut b: cluster_status::Builder<'_>, s: &ClusterStatu
         sb.set_term(sh.term);
         sb.set_commit_index(sh.commit_index);
         sb.set_applied_index(sh.applied_index);
-        let mut fl = sb.init_followers(sh.followers.len() as u32);
+        let mut fl = sb.reborrow().init_followers(sh.followers.len() as u32);
         for (j, f) in (0u32..).zip(&sh.followers) {
             let mut fb = fl.reborrow().get(j);
             fb.set_node_id(f.node_id);
             fb.set_match_index(f.match_index);
         }
+        write_ids(
+            sb.reborrow().init_voters(sh.voters.len() as u32),
+            &sh.voters,
+        );
+        write_ids(
+            sb.reborrow().init_learners(sh.learners.len() as u32),
+            &sh.learners,
+        );
+        let outgoing = &sh.voters_outgoing;
+        write_ids(sb.init_voters_outgoing(outgoing.len() as u32), outgoing);
     }
+}
+
+/// Fills a list of node ids.
+pub fn write_ids(mut list: capnp::primitive_list::Builder<'_, u64>, ids: &[u64]) {
+    for (i, id) in (0u32..).zip(ids) {
+        list.set(i, *id);
+    }
+}
+
+/// Reads a list of node ids.
+pub fn read_ids(
+    list: capnp::Result<capnp::primitive_list::Reader<'_, u64>>,
+) -> capnp::Result<Vec<u64>> {
+    Ok(list?.iter().collect())
 }
 
 pub fn read_cluster_status(r: cluster_status::Reader<'_>) -> Result<ClusterStatus, WireError> {
@@ -121,6 +152,7 @@ pub fn read_cluster_status(r: cluster_status::Reader<'_>) -> Result<ClusterStatu
                 raft_address: text(n.get_raft_address(), Field::top("nodes.raftAddress"))?,
                 client_address: text(n.get_client_address(), Field::top("nodes.clientAddress"))?,
                 reachable: n.get_reachable(),
+                role: text(n.get_role(), Field::top("nodes.role"))?,
             })
         })
         .collect::<Result<Vec<_>, WireError>>()?;
@@ -143,6 +175,9 @@ pub fn read_cluster_status(r: cluster_status::Reader<'_>) -> Result<ClusterStatu
                 commit_index: s.get_commit_index(),
                 applied_index: s.get_applied_index(),
                 followers,
+                voters: read_ids(s.get_voters())?,
+                learners: read_ids(s.get_learners())?,
+                voters_outgoing: read_ids(s.get_voters_outgoing())?,
             })
         })
         .collect::<Result<Vec<_>, WireError>>()?;

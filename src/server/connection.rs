@@ -377,6 +377,13 @@ impl broker::Server for Refuser {
     ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
         self.answer()
     }
+    fn change_membership(
+        self: CapRc<Self>,
+        _: broker::ChangeMembershipParams,
+        _: broker::ChangeMembershipResults,
+    ) -> impl Future<Output = Result<(), capnp::Error>> + 'static {
+        self.answer()
+    }
 }
 
 struct BrokerImpl {
@@ -572,6 +579,12 @@ pub(super) fn write_not_leader(
     );
 }
 
+fn sorted(ids: &[u64]) -> Vec<u64> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids
+}
+
 /// This node's view of the cluster, for `Broker.clusterStatus`.
 fn cluster_status(view: &ClusterView) -> rpc::cluster::ClusterStatus {
     let nodes = view
@@ -582,6 +595,7 @@ fn cluster_status(view: &ClusterView) -> rpc::cluster::ClusterStatus {
             raft_address: n.raft,
             client_address: n.client.unwrap_or_default(),
             reachable: n.reachable,
+            role: view.role_of(n.id).unwrap_or_default().to_string(),
         })
         .collect();
     let shards = (0u32..)
@@ -601,6 +615,9 @@ fn cluster_status(view: &ClusterView) -> rpc::cluster::ClusterStatus {
                     match_index: f.matched,
                 })
                 .collect(),
+            voters: sorted(&s.conf.voters),
+            learners: sorted(&s.conf.learners),
+            voters_outgoing: sorted(&s.conf.voters_outgoing),
         })
         .collect();
     rpc::cluster::ClusterStatus {
@@ -1046,6 +1063,18 @@ impl broker::Server for BrokerImpl {
             what: "setGroupPolicy",
         }))?;
         super::policy_call::set_group_policy(&self.shard, params, results, failed).await
+    }
+
+    async fn change_membership(
+        self: CapRc<Self>,
+        params: broker::ChangeMembershipParams,
+        results: broker::ChangeMembershipResults,
+    ) -> Result<(), capnp::Error> {
+        let _call = self.enter_call()?;
+        self.admit(Some(Action::Admin {
+            what: "changeMembership",
+        }))?;
+        super::membership::change_membership(&self.shard, params, results, failed).await
     }
 }
 

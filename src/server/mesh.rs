@@ -107,6 +107,11 @@ pub enum Request {
         group: String,
         reply: Reply<()>,
     },
+    /// One step of a membership change of this shard (`super::membership`).
+    ChangeMembership {
+        step: super::membership::Step,
+        reply: Reply<super::membership::Members>,
+    },
     /// Sets a group's redelivery policy overrides; answers the policy in force.
     SetGroupPolicy {
         topic: String,

@@ -14,6 +14,7 @@ pub mod connection;
 pub mod dead_letter_forward;
 pub mod exclusive;
 pub mod limits;
+pub mod membership;
 pub mod mesh;
 pub mod policy_call;
 pub mod receipts;
@@ -35,7 +36,7 @@ use self::shutdown::ShutdownFlag;
 use crate::cluster::driver::{DriverConfig, OUTBOX_MESSAGES_MAX};
 use crate::cluster::replica::ReplicaConfig;
 use crate::cluster::transport::Transport;
-use crate::cluster::view::{ClusterView, NodeView};
+use crate::cluster::view::ClusterView;
 use crate::config::{ClusterConfig, Config, PublishConfig, StorageEngine};
 use crate::metrics::http::MetricsEndpoint;
 use crate::metrics::MetricsSlots;
@@ -142,21 +143,14 @@ fn check_engine(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The members as this node first sees them (itself reachable, the others not yet).
-fn cluster_view_of(config: &Config, count: usize) -> Option<ClusterView> {
-    config.cluster.as_ref().map(|c| {
-        let nodes = c
-            .peers
-            .iter()
-            .map(|(&id, raft)| NodeView {
-                id,
-                raft: raft.to_string(),
-                client: (id == c.node_id).then(|| c.advertise.to_string()),
-                reachable: id == c.node_id,
-            })
-            .collect();
-        ClusterView::new(c.node_id, nodes, count)
-    })
+/// The members as this node first sees them (itself reachable, the others not yet; see
+/// [`membership::initial_members`]).
+fn cluster_view_of(config: &Config, count: usize) -> anyhow::Result<Option<ClusterView>> {
+    let Some(c) = &config.cluster else {
+        return Ok(None);
+    };
+    let nodes = membership::initial_members(c, &config.server.data_dir)?;
+    Ok(Some(ClusterView::new(c.node_id, nodes, count)))
 }
 
 /// The sending ends of the mesh by shard and peer, and the receiving ends by shard.
@@ -194,7 +188,7 @@ fn spawn_shards(
     started: mpsc::Sender<Result<Started, String>>,
 ) -> anyhow::Result<Vec<glommio::ExecutorJoinHandle<()>>> {
     let count = cpus.len();
-    let cluster_view = cluster_view_of(config, count);
+    let cluster_view = cluster_view_of(config, count)?;
     let connections = ConnectionCount::new(config.server.client.connections_max);
     let (senders, receivers) = mesh_channels(count);
     let mut handles = Vec::with_capacity(count);
@@ -603,7 +597,11 @@ fn driver_config(cluster: &ClusterConfig) -> DriverConfig {
     DriverConfig {
         replica: ReplicaConfig {
             id: cluster.node_id,
-            voters: cluster.peers.keys().copied().collect(),
+            // A joining node starts as nobody's member: its first state comes in a snapshot.
+            voters: match cluster.join {
+                Some(_) => Vec::new(),
+                None => cluster.peers.keys().copied().collect(),
+            },
             election_ticks: cluster.election_ticks,
             heartbeat_ticks: cluster.heartbeat_ticks,
             max_message_bytes: (cluster.entry_bytes_max() as u64).min(APPEND_MESSAGE_BYTES_MAX),
@@ -634,6 +632,9 @@ fn start_cluster(
     glommio::spawn_local(shard.clone().supervised("the raft sender loop", raft_out)).detach();
     let roles = shard.clone().role_loop();
     glommio::spawn_local(shard.clone().supervised("the role watcher", roles)).detach();
+    if let (Some(store), Some(view)) = (shard.replicated().cloned(), shard.cluster.clone()) {
+        glommio::spawn_local(membership::watch_shard(shard.id, store, view)).detach();
+    }
     let Some(cluster) = &config.cluster else {
         return Ok(());
     };
@@ -656,20 +657,13 @@ fn start_cluster(
         })?;
     *shard.transport.borrow_mut() = Some(transport.clone());
     if let Some(view) = shard.cluster.clone() {
-        glommio::spawn_local(async move {
-            loop {
-                for peer in transport.peers() {
-                    view.set_node(NodeView {
-                        id: peer.id,
-                        raft: peer.raft_addr.to_string(),
-                        client: peer.client_addr,
-                        reachable: peer.reachable,
-                    });
-                }
-                glommio::timer::sleep(std::time::Duration::from_millis(200)).await;
-            }
-        })
-        .detach();
+        let sync = membership::sync_members(
+            view,
+            transport,
+            config.server.data_dir.clone(),
+            cluster.node_id,
+        );
+        glommio::spawn_local(sync).detach();
     }
     Ok(())
 }

@@ -437,7 +437,26 @@ impl Shard {
                 policy,
                 reply,
             } => self.set_group_policy(&topic, &group, policy, reply).await,
+            Request::ChangeMembership { step, reply } => {
+                super::membership::run_step(self, step, reply).await;
+            }
         }
+    }
+
+    /// This node was removed from its cluster: it says so, leaves the mark a restart refuses
+    /// (`super::membership::REMOVED_FILE`), and stops serving (`pinq serve` exits 0).
+    pub fn retire(&self, reason: String) {
+        tracing::warn!(shard = self.id, "{reason}: stopping");
+        let data_dir = self
+            .replicated()
+            .and_then(|r| r.shard_dir().parent().map(std::path::Path::to_path_buf));
+        if let Some(dir) = data_dir {
+            let mark = dir.join(super::membership::REMOVED_FILE);
+            if let Err(e) = std::fs::write(&mark, format!("{reason}\n")) {
+                tracing::warn!("cannot leave {}: {e}", mark.display());
+            }
+        }
+        self.shutdown.request();
     }
 
     /// Stores a publish batch and answers it: at `leader` in a cluster once the leader appended
@@ -650,7 +669,10 @@ impl Shard {
             Request::ForgetGroup { reply, .. } => drop(reply.send(Err(refused))),
             Request::SetGroupPolicy { reply, .. } => drop(reply.send(Err(refused))),
             Request::Unsubscribe { .. } => {}
-            other @ Request::Stats { .. } => return Some(other),
+            // The raft core decides whether a membership step may be taken here.
+            other @ (Request::Stats { .. } | Request::ChangeMembership { .. }) => {
+                return Some(other)
+            }
         }
         None
     }

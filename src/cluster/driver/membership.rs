@@ -77,6 +77,20 @@ impl ReplicatedStore {
         self.membership.changed.wait()
     }
 
+    /// The shard's directory (`<dataDir>/shard-N`).
+    pub fn shard_dir(&self) -> &Path {
+        self.path.engine().dir()
+    }
+
+    /// Leader only: hands the leadership to the most up-to-date voter (before this node is
+    /// removed, so the group does not wait out an election).
+    pub fn transfer_leadership(&self) {
+        if let Some(to) = self.replica.borrow_mut().transfer_leadership() {
+            tracing::info!(dir = %self.shard_dir().display(), to, "handing leadership over for a membership change");
+        }
+        self.kick();
+    }
+
     /// Whether this replica holds no state yet (a node added at run time, before its first
     /// snapshot).
     pub fn awaiting_snapshot(&self) -> bool {

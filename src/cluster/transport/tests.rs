@@ -246,7 +246,10 @@ fn peers_set_at_run_time_are_dialed_and_dropped() {
         let addrs = free_addrs(3);
         let (one, _) = start(&config(1, &addrs[..2]), 2);
         let (two, _) = start(&config(2, &addrs[..2]), 2);
-        until("1 and 2 connected", || one.peers().iter().all(|p| p.reachable)).await;
+        until("1 and 2 connected", || {
+            one.peers().iter().all(|p| p.reachable)
+        })
+        .await;
         // Node 3 starts knowing all three; node 1 learns of it at run time and dials it.
         let (three, _) = start(&config(3, &addrs), 2);
         let all: BTreeMap<u64, SocketAddr> = [(1, addrs[0]), (2, addrs[1]), (3, addrs[2])].into();
