@@ -182,6 +182,16 @@ impl Session {
         Ok(addr.map(|a| (leader, a)))
     }
 
+    /// Whether `node` is the only voter of `shard`, as the seed knows it.
+    async fn only_voter(&self, shard: u32, node: u64) -> anyhow::Result<bool> {
+        let status = self.status().await?;
+        Ok(status
+            .shards
+            .iter()
+            .find(|s| s.shard_id == shard)
+            .is_some_and(|s| s.voters == [node]))
+    }
+
     /// Runs `action` on `shard`'s leader, following leadership changes for [`STEP_MAX`].
     async fn step(
         &self,
@@ -373,7 +383,8 @@ async fn hand_over_if_leader(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + STEP_MAX;
     while let Some((leader, addr)) = session.leader_of(shard).await? {
-        if leader != node {
+        if leader != node || session.only_voter(shard, node).await? {
+            // Nobody to hand over to: the removal itself refuses the last voter.
             return Ok(());
         }
         anyhow::ensure!(

@@ -160,6 +160,25 @@ impl Cluster {
         args.into_iter().flat_map(|(f, v)| [f, v]).collect()
     }
 
+    /// `--peers` naming only members `ids` (a cluster whose other planned members join later).
+    pub fn peers_of(&self, ids: &[u64]) -> String {
+        ids.iter()
+            .map(|&id| format!("{id}={}", self.member(id).raft))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The `pinq serve` arguments of member `id` joining a running cluster through the member
+    /// at `join` (`--join` instead of `--peers`).
+    pub fn join_args(&self, id: u64, join: &str) -> Vec<String> {
+        let mut args = self.args(id, &[]);
+        if let Some(at) = args.iter().position(|a| a == "--peers") {
+            args.drain(at..at + 2);
+        }
+        args.extend(["--join".to_string(), join.to_string()]);
+        args
+    }
+
     /// Starts (or restarts, on the same data directory) member `id` with its usual arguments.
     pub fn start_node(&mut self, id: u64) {
         let args = self.args(id, &[]);

@@ -130,6 +130,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "nodeId",
             "raftListen",
             "peers",
+            "join",
             "advertise",
             "tickInterval",
             "heartbeatTicks",
@@ -142,7 +143,7 @@ fn section_keys_are_read_from_the_raw_structs() {
             "tlsCaFile"
         ]
     );
-    assert_eq!(all_keys().len(), 21 + 7 + 19 + 4 + 13 + 1);
+    assert_eq!(all_keys().len(), 21 + 7 + 19 + 4 + 14 + 1);
 }
 
 #[test]
@@ -242,6 +243,7 @@ fn zero_is_rejected_for_every_key_where_it_makes_no_sense_naming_the_key() {
             "storage.engine",
             "cluster.raftListen",
             "cluster.peers",
+            "cluster.join",
             "cluster.advertise",
             "server.tlsCertFile",
             "server.tlsKeyFile",
@@ -579,10 +581,11 @@ fn every_key_can_be_set_from_its_environment_variable() {
         ("PINQ_CLUSTER_TLS_KEY_FILE", "/etc/pinq/node2.key"),
         ("PINQ_CLUSTER_TLS_CA_FILE", "/etc/pinq/cluster-ca.pem"),
     ];
-    // `[[auth.tokens]]` is a list of tables: only a config file sets it.
+    // `[[auth.tokens]]` is a list of tables: only a config file sets it. `cluster.join`
+    // excludes `cluster.peers`: `a_joining_node_takes_join_instead_of_peers` sets it.
     let keys: Vec<_> = all_keys()
         .into_iter()
-        .filter(|&key| key != ("auth", "tokens"))
+        .filter(|&key| key != ("auth", "tokens") && key != ("cluster", "join"))
         .collect();
     assert_eq!(values.len(), keys.len());
     for (section, key) in keys {
@@ -913,8 +916,12 @@ fn the_example_file_shows_every_cluster_key_with_its_default() {
     let section: String = EXAMPLE[start..]
         .lines()
         .map(|line| {
+            // `join` is the alternative to `peers` (the two exclude each other): left out.
             line.strip_prefix("# ")
-                .filter(|rest| rest.contains(" = ") || *rest == "[cluster.tls]")
+                .filter(|rest| {
+                    (rest.contains(" = ") && !rest.starts_with("join = "))
+                        || *rest == "[cluster.tls]"
+                })
                 .unwrap_or(line)
         })
         .filter(|line| !line.starts_with('#'))
@@ -1277,4 +1284,36 @@ fn cluster_tls_needs_all_three_files_and_names_the_missing_ones() {
     let err = error_from_toml(CLUSTER_TLS);
     assert_names_key(&err, "cluster.nodeId");
     assert!(err.to_string().contains("cluster.tlsCertFile"), "{err}");
+}
+
+#[test]
+fn a_joining_node_takes_join_instead_of_peers() {
+    let mut loader = test_loader();
+    loader
+        .add_env([
+            ("PINQ_CLUSTER_NODE_ID", "4"),
+            ("PINQ_CLUSTER_RAFT_LISTEN", "127.0.0.1:7104"),
+            ("PINQ_CLUSTER_JOIN", "127.0.0.1:7400"),
+            ("PINQ_CLUSTER_ADVERTISE", "127.0.0.1:7440"),
+        ])
+        .unwrap();
+    let cluster = loader.build().unwrap().cluster.unwrap();
+    assert_eq!(cluster.join.as_deref(), Some("127.0.0.1:7400"));
+    // Its peers are itself only: the members come from the node it joins.
+    assert_eq!(
+        cluster.peers.into_iter().collect::<Vec<_>>(),
+        [(4, "127.0.0.1:7104".parse().unwrap())]
+    );
+    let err = error_from_toml(
+        "[cluster]\nnodeId = 4\nraftListen = \"127.0.0.1:7104\"\njoin = \"127.0.0.1:7400\"\npeers = [\"4=127.0.0.1:7104\"]\n",
+    );
+    assert_names_key(&err, "cluster.join");
+    let err = error_from_toml(
+        "[cluster]\nnodeId = 4\nraftListen = \"0.0.0.0:7104\"\njoin = \"127.0.0.1:7400\"\n",
+    );
+    assert_names_key(&err, "cluster.raftListen");
+    let err = error_from_toml(
+        "[cluster]\nnodeId = 4\nraftListen = \"127.0.0.1:7104\"\njoin = \"nowhere\"\n",
+    );
+    assert_names_key(&err, "cluster.join");
 }
