@@ -371,4 +371,24 @@ fn a_member_is_replaced_and_the_leader_removed_under_load_losing_nothing() {
     ]);
     assert_ne!(code, 0);
     assert!(err.contains("last voter"), "{err}");
+
+    // The membership is stored: restarted with its first, outdated --peers (three voters, two
+    // of them gone), the last member follows the stored one (itself alone), leads and serves.
+    cluster.kill9(last);
+    let outdated = cluster.args(last, &[("--peers", &peers)]);
+    cluster.start_nodes(&[last], vec![outdated]);
+    cluster.wait_for_leader(SHARD, &[last], FIRST_ELECTION_TIMEOUT);
+    let (code, _, err) = support::cli(
+        &[
+            "publish",
+            "--server",
+            &cluster.addr(last),
+            "--topic",
+            TOPIC,
+            "--ack",
+            "durable",
+        ],
+        Some("after restart\n"),
+    );
+    assert_eq!(code, 0, "a publish after the restart: {err}");
 }

@@ -284,7 +284,14 @@ impl RaftLog {
                     self.prune_confs(self.base_index);
                 }
             }
-            RaftRecord::Conf { index, conf_state } => self.note_conf(*index, conf_state.clone()),
+            RaftRecord::Conf { index, conf_state } => {
+                self.note_conf(*index, conf_state.clone());
+                // Written once the change was committed and applied: the log is committed at
+                // least that far (hard states carry the commit index lazily, and a member
+                // whose last change removed the others could not commit it again).
+                let commit = self.hard_state.commit.max(*index).min(self.last_index());
+                self.hard_state.commit = commit.max(self.hard_state.commit);
+            }
         }
         Ok(())
     }
@@ -398,6 +405,75 @@ impl Storage for RaftLog {
 #[allow(clippy::field_reassign_with_default)]
 mod tests {
     use super::*;
+
+    fn conf(voters: &[u64]) -> ConfState {
+        ConfState {
+            voters: voters.to_vec(),
+            ..ConfState::default()
+        }
+    }
+
+    #[test]
+    fn the_membership_in_force_follows_its_records_and_survives_compaction() {
+        let mut log = RaftLog::new(vec![1, 2, 3]);
+        assert!(!log.has_conf_record());
+        let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
+        log.apply_record(&RaftRecord::Conf {
+            index: 0,
+            conf_state: conf(&[1, 2, 3]),
+        })
+        .unwrap();
+        log.apply_record(&RaftRecord::Entries {
+            hard_state: HardState::default(),
+            entries,
+        })
+        .unwrap();
+        log.apply_record(&RaftRecord::Conf {
+            index: 4,
+            conf_state: conf(&[1, 2, 3, 4]),
+        })
+        .unwrap();
+        log.apply_record(&RaftRecord::Conf {
+            index: 8,
+            conf_state: conf(&[1, 2, 4]),
+        })
+        .unwrap();
+        assert_eq!(log.conf_at(3), conf(&[1, 2, 3]));
+        assert_eq!(log.conf_at(4), conf(&[1, 2, 3, 4]));
+        assert_eq!(log.conf_at(9), conf(&[1, 2, 4]));
+        // The raft core starts from the membership at the state machine's index: the change
+        // at 8 is applied again after a restart whose tables hold index 6.
+        log.start_at(6);
+        assert_eq!(log.conf_state(), &conf(&[1, 2, 3, 4]));
+        // Applied again at 8 (a record with the same index replaces the older one).
+        log.note_conf(8, conf(&[1, 2, 4]));
+        assert_eq!(log.conf_state(), &conf(&[1, 2, 4]));
+        // Compaction keeps the one in force at the new base, and what follows.
+        log.compact_to(6).unwrap();
+        assert_eq!(log.conf_at(6), conf(&[1, 2, 3, 4]));
+        assert_eq!(log.conf_at(10), conf(&[1, 2, 4]));
+        // A checkpoint carries the one in force at its index; a later change read before it
+        // (written while the log was being compacted) stays.
+        let mut replayed = RaftLog::new(vec![9]);
+        replayed
+            .apply_record(&RaftRecord::Conf {
+                index: 8,
+                conf_state: conf(&[1, 2, 4]),
+            })
+            .unwrap();
+        replayed
+            .apply_record(&RaftRecord::Checkpoint {
+                index: 6,
+                term: 1,
+                hard_state: HardState::default(),
+                conf: Some(conf(&[1, 2, 3, 4])),
+            })
+            .unwrap();
+        assert_eq!(replayed.conf_at(7), conf(&[1, 2, 3, 4]));
+        assert_eq!(replayed.conf_at(8), conf(&[1, 2, 4]));
+        replayed.start_at(7);
+        assert_eq!(replayed.conf_state(), &conf(&[1, 2, 3, 4]));
+    }
 
     fn entry(index: u64, term: u64) -> Entry {
         let mut e = Entry::default();
