@@ -95,7 +95,7 @@ def rows_table(out, window, rate, strace_secs):
           f"{'load':>5} {'fsync/msg':>9} {'sys/msg':>7}  syscalls per message by kind")
     for f in sorted(glob.glob(os.path.join(out, "*.json"))):
         name = os.path.basename(f)[:-5]
-        if name.startswith("rtt."):
+        if name.startswith("rtt.") or name.endswith(".wire"):
             continue
         j = json.load(open(f))
         runs[name] = j
@@ -151,6 +151,11 @@ def ratios(out, runs, rate):
                 if call is not None:
                     line += f" (broker's publish call, mean: {call:.0f} µs)"
         lines.append(line)
+    for name in sorted(runs):
+        wire = read(out, f"{name}.wire.txt")
+        if wire:
+            lines.append(f"{name}: the broker's turnaround on the wire (perf/wire-turnaround.py):")
+            lines.extend("  " + w for w in wire.strip().splitlines())
     if lines:
         print()
         print("pinq / Redis, each repetition with its own (> 1: pinq higher)")

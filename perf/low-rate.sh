@@ -25,7 +25,9 @@
 # by the backlog bound), PRODUCERS and CONSUMERS (1), BATCH (messages per publish batch, both
 # load generators; default theirs, 256), RTT (1: perf/rtt.py before each repetition, the
 # loopback round trip the 200 msgs/s target is set against), DURATION, BROKER_CPUS (0),
-# CLIENT_CPUS (1), STRACE_SECS (3), PINQ_ENV (extra "KEY=VALUE ..." for `pinq serve`).
+# CLIENT_CPUS (1), STRACE_SECS (3), PINQ_ENV (extra "KEY=VALUE ..." for `pinq serve`),
+# CAPTURE_SECS (0; N: `tcpdump` of the broker's port for N s in the middle of each measured run,
+# split by perf/wire-turnaround.py into the broker's turnaround per connection, <row>.wire.json).
 # perf/compare.sh runs this as its scenario L. The table ends with pinq / Redis ratios per
 # repetition: of e2e and publish-ack p50 at a fixed rate, of msgs/s at RATE=max.
 set -euo pipefail
@@ -46,6 +48,7 @@ RTT="${RTT:-0}"
 BROKER_CPUS="${BROKER_CPUS:-0}"
 CLIENT_CPUS="${CLIENT_CPUS-1}"
 STRACE_SECS="${STRACE_SECS:-3}"
+CAPTURE_SECS="${CAPTURE_SECS:-0}"
 ROWS="${ROWS:-pinq-memory redis-none pinq-leader redis-everysec pinq-durable redis-always}"
 PINQ_PORT="${PINQ_PORT:-17400}"
 METRICS_PORT="${METRICS_PORT:-19400}"
@@ -116,6 +119,23 @@ strace_window() {
     timeout -s INT "$STRACE_SECS" strace -c -f -p "$1" -o "$2" > /dev/null 2>&1 || true
 }
 
+# Captures the packets of port $1 for CAPTURE_SECS from 2 s on, in the background; then
+# capture_done splits them (perf/wire-turnaround.py) into $out/$2.wire.json.
+capture_start() {
+    capture=""
+    [ "$CAPTURE_SECS" = 0 ] && return 0
+    # On the load's CPUs, away from the broker's.
+    (sleep 2; timeout -s INT "$CAPTURE_SECS" ${pin[@]+"${pin[@]}"} tcpdump -i lo -tt -nn -q "tcp port $1" \
+        > "$work/capture.txt" 2> /dev/null) &
+    capture=$!
+}
+capture_done() {
+    [ -z "$capture" ] && return 0
+    wait "$capture" || true
+    python3 perf/wire-turnaround.py --port "$1" --json "$out/$2.wire.json" "$work/capture.txt" \
+        > "$out/$2.wire.txt" || true
+}
+
 # run_pinq NAME BINARY STORAGE ACK [BENCH FLAGS...]
 run_pinq() {
     local name=$1 bin=$2 storage=$3 ack=$4
@@ -131,10 +151,12 @@ run_pinq() {
     wait_port "$METRICS_PORT"
     local before after
     before=$(wal_fsyncs)
+    capture_start "$PINQ_PORT"
     "$bin" bench --server "127.0.0.1:$PINQ_PORT" --broker-pid "$server" "${load[@]}" \
         --duration "$DURATION" --ack "$ack" "${pinq_pin[@]}" ${extra[@]+"${extra[@]}"} \
         --json "$out/$name.json" --out-dir "$out/$name" > /dev/null 2> "$out/$name.log" \
         || echo "pinq $name failed (see $out/$name.log)"
+    capture_done "$PINQ_PORT" "$name"
     after=$(wal_fsyncs)
     echo "$((after - before))" > "$out/$name.fsyncs"
     # Kept for what the table leaves out (delete batches, WAL writes, dispatch counters).
@@ -164,8 +186,10 @@ run_redis() {
     wait_port "$REDIS_PORT"
     local before
     before=$(usage "$server")
+    capture_start "$REDIS_PORT"
     "${pin[@]}" "$PEERS" redis --server "127.0.0.1:$REDIS_PORT" "${load[@]}" --duration "$DURATION" \
         --json "$out/$name.json" > /dev/null 2> "$out/$name.log" || echo "redis $name failed"
+    capture_done "$REDIS_PORT" "$name"
     echo "$before $(usage "$server")" \
         | awk '{printf "%.2f %.2f %.2f\n", ($4-$1)/100, $5-$2, ($6-$3)/1e9}' > "$out/$name.usage"
     if [ "$STRACE_SECS" != 0 ]; then
