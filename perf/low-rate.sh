@@ -59,6 +59,10 @@ REDIS_PORT="${REDIS_PORT:-16379}"
     cargo build --release --manifest-path perf/peers/Cargo.toml
 case " $ROWS " in *redis*) command -v redis-server >/dev/null || {
     echo "redis-server missing: perf/compare.sh installs it" >&2; exit 2; } ;; esac
+if [ "$CAPTURE_SECS" != 0 ] && ! command -v tcpdump >/dev/null; then
+    echo "installing tcpdump from the Debian packages"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y tcpdump >/dev/null
+fi
 if [ "$STRACE_SECS" != 0 ] && ! command -v strace >/dev/null; then
     echo "installing strace from the Debian packages"
     DEBIAN_FRONTEND=noninteractive apt-get install -y strace >/dev/null
