@@ -16,11 +16,20 @@
 #   ROWS="pinq-durable redis-always" REPEAT=3 perf/low-rate.sh
 #   PINQ_B=/tmp/pinq-new ROWS="pinq-durable" perf/low-rate.sh    A/B: rows of both binaries, interleaved
 #   PINQ_B_ARGS="--ack-group 1ms" perf/low-rate.sh     A/B: the B rows' bench gets these flags too
+#   RATE=200 BATCH=1 RTT=1 ROWS="pinq-memory redis-none" STRACE_SECS=0 perf/low-rate.sh
+#                                         issue 23's 200 msgs/s rows, with the loopback RTT
+#   RATE=max PRODUCERS=2 CONSUMERS=2 perf/low-rate.sh    maximum rate (perf/max-rate.sh)
 #
 # Environment: PINQ, PEERS (binaries), OUT (result directory; default a new
-# perf/results/<date>-<host>-lowrate/), RATE (10000), DURATION, BROKER_CPUS (0), CLIENT_CPUS (1),
-# STRACE_SECS (3), PINQ_ENV (extra "KEY=VALUE ..." for `pinq serve`). perf/compare.sh runs this
-# as its scenario L.
+# perf/results/<date>-<host>-lowrate/), RATE (10000, or max: no --rate, producers held back only
+# by the backlog bound), PRODUCERS and CONSUMERS (1), BATCH (messages per publish batch, both
+# load generators; default theirs, 256), RTT (1: perf/rtt.py before each repetition, the
+# loopback round trip the 200 msgs/s target is set against), DURATION, BROKER_CPUS (0),
+# CLIENT_CPUS (1), STRACE_SECS (3), PINQ_ENV (extra "KEY=VALUE ..." for `pinq serve`),
+# CAPTURE_SECS (0; N: `tcpdump` of the broker's port for N s in the middle of each measured run,
+# split by perf/wire-turnaround.py into the broker's turnaround per connection, <row>.wire.json).
+# perf/compare.sh runs this as its scenario L. The table ends with pinq / Redis ratios per
+# repetition: of e2e and publish-ack p50 at a fixed rate, of msgs/s at RATE=max.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
@@ -32,9 +41,14 @@ PEERS="${PEERS:-$CARGO_TARGET_DIR/peers/release/pinq-peers}"
 RATE="${RATE:-10000}"
 DURATION="${DURATION:-10s}"
 REPEAT="${REPEAT:-1}"
+PRODUCERS="${PRODUCERS:-1}"
+CONSUMERS="${CONSUMERS:-1}"
+BATCH="${BATCH:-}"
+RTT="${RTT:-0}"
 BROKER_CPUS="${BROKER_CPUS:-0}"
 CLIENT_CPUS="${CLIENT_CPUS-1}"
 STRACE_SECS="${STRACE_SECS:-3}"
+CAPTURE_SECS="${CAPTURE_SECS:-0}"
 ROWS="${ROWS:-pinq-memory redis-none pinq-leader redis-everysec pinq-durable redis-always}"
 PINQ_PORT="${PINQ_PORT:-17400}"
 METRICS_PORT="${METRICS_PORT:-19400}"
@@ -45,6 +59,10 @@ REDIS_PORT="${REDIS_PORT:-16379}"
     cargo build --release --manifest-path perf/peers/Cargo.toml
 case " $ROWS " in *redis*) command -v redis-server >/dev/null || {
     echo "redis-server missing: perf/compare.sh installs it" >&2; exit 2; } ;; esac
+if [ "$CAPTURE_SECS" != 0 ] && ! command -v tcpdump >/dev/null; then
+    echo "installing tcpdump from the Debian packages"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y tcpdump >/dev/null
+fi
 if [ "$STRACE_SECS" != 0 ] && ! command -v strace >/dev/null; then
     echo "installing strace from the Debian packages"
     DEBIAN_FRONTEND=noninteractive apt-get install -y strace >/dev/null
@@ -54,7 +72,7 @@ out="${OUT:-perf/results/$(date -u +%Y%m%d-%H%M)-$(hostname)-lowrate}"
 mkdir -p "$out"
 if [ ! -e "$out/machine.txt" ]; then
     bash perf/machine.sh > "$out/machine.txt"
-    echo "low rate: $RATE msgs/s, 1 producer, 1 consumer, 100 B; broker cpus $BROKER_CPUS, client cpus ${CLIENT_CPUS:-not pinned}; duration $DURATION" >> "$out/machine.txt"
+    echo "rate: $RATE msgs/s, $PRODUCERS producer(s), $CONSUMERS consumer(s), 100 B, batch ${BATCH:-default}; broker cpus $BROKER_CPUS, client cpus ${CLIENT_CPUS:-not pinned}; duration $DURATION" >> "$out/machine.txt"
 fi
 pin=()
 pinq_pin=()
@@ -62,7 +80,9 @@ if [ -n "$CLIENT_CPUS" ]; then
     pin=(taskset -c "$CLIENT_CPUS")
     pinq_pin=(--client-cpus "$CLIENT_CPUS")
 fi
-load=(--rate "$RATE" --producers 1 --consumers 1 --size 100 --warmup 1s)
+load=(--producers "$PRODUCERS" --consumers "$CONSUMERS" --size 100 --warmup 1s)
+[ "$RATE" != max ] && load+=(--rate "$RATE")
+[ -n "$BATCH" ] && load+=(--batch "$BATCH")
 
 work=$(mktemp -d)
 server=""
@@ -83,8 +103,16 @@ wait_port() {
     echo "nothing listens on port $1" >&2
     return 1
 }
-# "<cpu ticks> <uptime s>" of a process.
-usage() { echo "$(awk '{print $14 + $15}' /proc/"$1"/stat) $(cut -d' ' -f1 /proc/uptime)"; }
+# "<cpu ticks> <uptime s> <run-queue wait ns>" of a process: its user+system time, and the time
+# its threads were runnable but not running (other work on the machine held it back).
+usage() {
+    local wait=0 w t
+    for t in /proc/"$1"/task/*/schedstat; do
+        w=$(cut -d' ' -f2 "$t" 2>/dev/null || echo 0)
+        wait=$((wait + w))
+    done
+    echo "$(awk '{print $14 + $15}' /proc/"$1"/stat) $(cut -d' ' -f1 /proc/uptime) $wait"
+}
 wal_fsyncs() {
     curl -s "http://127.0.0.1:$METRICS_PORT/metrics" \
         | awk '/^pinq_storage_wal_fsyncs_total/ {s += $2} END {print s + 0}'
@@ -93,6 +121,23 @@ wal_fsyncs() {
 strace_window() {
     [ "$STRACE_SECS" = 0 ] && return 0
     timeout -s INT "$STRACE_SECS" strace -c -f -p "$1" -o "$2" > /dev/null 2>&1 || true
+}
+
+# Captures the packets of port $1 for CAPTURE_SECS from 2 s on, in the background; then
+# capture_done splits them (perf/wire-turnaround.py) into $out/$2.wire.json.
+capture_start() {
+    capture=""
+    [ "$CAPTURE_SECS" = 0 ] && return 0
+    # On the load's CPUs, away from the broker's.
+    (sleep 2; timeout -s INT "$CAPTURE_SECS" ${pin[@]+"${pin[@]}"} tcpdump -i lo -tt -nn -q "tcp port $1" \
+        > "$work/capture.txt" 2> /dev/null) &
+    capture=$!
+}
+capture_done() {
+    [ -z "$capture" ] && return 0
+    wait "$capture" || true
+    python3 perf/wire-turnaround.py --port "$1" --json "$out/$2.wire.json" "$work/capture.txt" \
+        > "$out/$2.wire.txt" || true
 }
 
 # run_pinq NAME BINARY STORAGE ACK [BENCH FLAGS...]
@@ -110,10 +155,12 @@ run_pinq() {
     wait_port "$METRICS_PORT"
     local before after
     before=$(wal_fsyncs)
+    capture_start "$PINQ_PORT"
     "$bin" bench --server "127.0.0.1:$PINQ_PORT" --broker-pid "$server" "${load[@]}" \
         --duration "$DURATION" --ack "$ack" "${pinq_pin[@]}" ${extra[@]+"${extra[@]}"} \
         --json "$out/$name.json" --out-dir "$out/$name" > /dev/null 2> "$out/$name.log" \
         || echo "pinq $name failed (see $out/$name.log)"
+    capture_done "$PINQ_PORT" "$name"
     after=$(wal_fsyncs)
     echo "$((after - before))" > "$out/$name.fsyncs"
     # Kept for what the table leaves out (delete batches, WAL writes, dispatch counters).
@@ -143,9 +190,12 @@ run_redis() {
     wait_port "$REDIS_PORT"
     local before
     before=$(usage "$server")
+    capture_start "$REDIS_PORT"
     "${pin[@]}" "$PEERS" redis --server "127.0.0.1:$REDIS_PORT" "${load[@]}" --duration "$DURATION" \
         --json "$out/$name.json" > /dev/null 2> "$out/$name.log" || echo "redis $name failed"
-    echo "$before $(usage "$server")" | awk '{printf "%.2f %.2f\n", ($3-$1)/100, $4-$2}' > "$out/$name.usage"
+    capture_done "$REDIS_PORT" "$name"
+    echo "$before $(usage "$server")" \
+        | awk '{printf "%.2f %.2f %.2f\n", ($4-$1)/100, $5-$2, ($6-$3)/1e9}' > "$out/$name.usage"
     if [ "$STRACE_SECS" != 0 ]; then
         "${pin[@]}" "$PEERS" redis --server "127.0.0.1:$REDIS_PORT" "${load[@]}" \
             --duration "$((STRACE_SECS + 2))s" --json "$work/strace.json" > /dev/null 2>&1 &
@@ -174,8 +224,15 @@ run_row() {
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/loadavg.txt"
 for r in $(seq 1 "$REPEAT"); do
+    if [ "$RTT" = 1 ]; then
+        rtt_rate=$RATE
+        [ "$rtt_rate" = max ] && rtt_rate=200
+        python3 perf/rtt.py --rate "$rtt_rate" --server-cpu "${BROKER_CPUS%%[,-]*}" \
+            --client-cpu "$(c=${CLIENT_CPUS:-1}; echo "${c%%[,-]*}")" --json "$out/rtt.$r.json" | tee -a "$out/rtt.txt"
+    fi
     for row in $ROWS; do
         echo "== $row (run $r)"
+        cut -d' ' -f1 /proc/loadavg > "$out/$row.$r.load"
         run_row "$row" "$PINQ" "$row.$r"
         if [ -n "$PINQ_B" ] && [ "${row#pinq}" != "$row" ]; then
             echo "== $row B (run $r)"
@@ -186,68 +243,5 @@ for r in $(seq 1 "$REPEAT"); do
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/loadavg.txt"
 
-python3 - "$out" "$DURATION" "$RATE" "$STRACE_SECS" <<'PY' | tee "$out/lowrate.txt"
-import glob, json, os, re, sys
-out, duration, rate, strace_secs = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
-window = float(re.sub(r"s$", "", duration))
-
-def cpu_secs(name):
-    if name.startswith("pinq"):
-        try:
-            text = open(os.path.join(out, name, "report.txt")).read()
-            return float(re.search(r"broker: +([0-9.]+) CPU s", text).group(1)), window
-        except (OSError, AttributeError):
-            return None
-    try:
-        cpu, elapsed = map(float, open(os.path.join(out, f"{name}.usage")).read().split())
-        return cpu, elapsed
-    except (OSError, ValueError):
-        return None
-
-def strace(name):
-    """(calls per message, the three largest kinds as 'name:per-message')."""
-    try:
-        lines = open(os.path.join(out, f"{name}.strace")).read().splitlines()
-    except OSError:
-        return None
-    kinds, total = [], None
-    for line in lines:
-        f = line.split()
-        if len(f) >= 5 and f[0] != "%" and not line.startswith("-"):
-            try:
-                calls = int(f[3])
-            except ValueError:
-                continue
-            if f[-1] == "total":
-                total = calls
-            else:
-                kinds.append((calls, f[-1]))
-    if total is None:
-        return None
-    msgs = rate * strace_secs
-    kinds.sort(reverse=True)
-    return total / msgs, " ".join(f"{k}:{c / msgs:.2f}" for c, k in kinds[:4])
-
-print(f"{'row':<22} {'msgs/s':>8} {'missing':>7} {'e2e p50':>8} {'e2e p99':>8} {'p99.9':>8} "
-      f"{'pub p99':>8} {'cpu µs/msg':>10} {'fsync/msg':>9} {'sys/msg':>7}  syscalls per message by kind")
-for f in sorted(glob.glob(os.path.join(out, "*.json"))):
-    name = os.path.basename(f)[:-5]
-    j = json.load(open(f))
-    e, p = j["e2e_us"], j["publish_ack_us"]
-    c = cpu_secs(name)
-    cpu = f"{1e6 * c[0] / (j['msgs_per_sec'] * c[1]):.1f}" if c and j["msgs_per_sec"] else "?"
-    fs = "n/a"
-    try:
-        fs = f"{int(open(os.path.join(out, name + '.fsyncs')).read()) / max(j['sent'], 1):.2f}"
-    except (OSError, ValueError):
-        pass
-    s = strace(name)
-    sysm, kinds = (f"{s[0]:.1f}", s[1]) if s else ("?", "")
-    print(f"{name:<22} {j['msgs_per_sec']:>8.0f} {j['missing']:>7} {e['p50']:>8} {e['p99']:>8} {e['p999']:>8} "
-          f"{p['p99']:>8} {cpu:>10} {fs:>9} {sysm:>7}  {kinds}")
-print("latency in µs, end to end from the intended send time; cpu: the broker's user+system time per")
-print("message over the window (pinq: the measured window; Redis: the whole run); fsync/msg: WAL")
-print("fdatasyncs (pinq_storage_wal_fsyncs_total) per message sent; sys/msg: strace -c -f of the broker")
-print("over a separate run of the same load")
-PY
+python3 perf/low-rate-table.py "$out" "$DURATION" "$RATE" "$STRACE_SECS" | tee "$out/lowrate.txt"
 echo "results in $out"

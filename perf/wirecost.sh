@@ -15,7 +15,8 @@
 # and batches, so read that row as "offered 10k", not as the cost at 10k on real hardware.
 # Prints total Ir per message and, per step, the inclusive Ir per message of the functions that
 # carry it (a function called from two steps counts in both). Environment: PINQ, RATE,
-# DURATION (default 5), WARMUP (default 2), OUT (default perf/results/tmp/wirecost).
+# DURATION (default 5), WARMUP (default 2), OUT (default perf/results/tmp/wirecost), STORAGE
+# (memory, or lsm: then pass the bench `--ack durable` for durable publishes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PINQ="${PINQ:-${CARGO_TARGET_DIR:-target}/release/pinq}"
@@ -23,11 +24,12 @@ RATE="${RATE:-200}"
 DURATION="${DURATION:-5}"
 WARMUP="${WARMUP:-2}"
 OUT="${OUT:-perf/results/tmp/wirecost}"
+STORAGE="${STORAGE:-memory}"
 mkdir -p "$OUT"
 data=$(mktemp -d)
 log="$OUT/broker.log"
 RUST_LOG=warn setsid valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.out.%p" \
-    "$PINQ" serve --cpus 0 --storage memory --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+    "$PINQ" serve --cpus 0 --storage "$STORAGE" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
     --data-dir "$data" ${PINQ_SERVE_ARGS:-} > "$log" 2>&1 < /dev/null &
 vg=$!
 cleanup() { kill "$vg" 2>/dev/null || true; wait "$vg" 2>/dev/null || true; rm -rf "$data"; }

@@ -3,6 +3,7 @@
 //!
 //! Layout (one folder per subsystem; pure cores apart from the glommio shells that drive them):
 //! - [`key`]: the 24-byte event key and the key space;
+//! - [`ids`]: `ShardId` and `NodeId`, the ids the server passes around, as their own types;
 //! - [`message`]: the stored message (rkyv) and the shared [`message::Value`];
 //! - [`batch`]: the publish batch, validated and archived once at the edge;
 //! - [`config`]: every setting, its default, loading and validation;
@@ -28,6 +29,7 @@ pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod config;
+pub mod ids;
 pub mod key;
 pub mod log;
 pub mod message;

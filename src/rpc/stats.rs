@@ -2,10 +2,12 @@
 //! counters, topic and group figures) becomes its entries of the wire [`Stats`].
 
 use super::{GroupStats, ShardStats as WireShard, Stats, TopicStats};
+use crate::ids::ShardId;
 use crate::pipeline::{GroupFigures, ShardStats};
 
-/// Appends shard `shard_id`'s entries.
-pub fn add_shard(stats: &mut Stats, shard_id: u32, s: ShardStats) {
+/// Appends shard `shard`'s entries (the wire structs carry its id as the schema's `UInt32`).
+pub fn add_shard(stats: &mut Stats, shard: ShardId, s: ShardStats) {
+    let shard_id = shard.to_wire();
     let c = &s.counters;
     stats.shards.push(WireShard {
         shard_id,

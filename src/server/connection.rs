@@ -48,6 +48,7 @@ use super::Topology;
 use crate::batch::{PublishError, ShardPart, ValidatedBatch};
 use crate::cluster::view::ClusterView;
 use crate::config::AckLevel;
+use crate::ids::{NodeId, ShardId};
 use crate::key::{EventKey, TopicHash};
 use crate::pipeline::{self, ConsumerId, TagResult};
 use crate::rpc::pinq_capnp::{broker, consumer, subscription, TagResult as WireTagResult};
@@ -78,7 +79,7 @@ pub async fn serve(
         match stream::accept(topology.security.tls.as_ref(), stream, handshake_deadline).await {
             Ok(stream) => stream,
             Err(e) => {
-                tracing::debug!(shard = shard.id, peer, "TLS handshake failed, closed: {e}");
+                tracing::debug!(shard = %shard.id, peer, "TLS handshake failed, closed: {e}");
                 return;
             }
         };
@@ -129,7 +130,7 @@ pub async fn serve(
     // only now that the RPC system (and its message loop) is gone.
     let _ = futures_lite::future::poll_once(disconnector).await;
     if let Some(why) = ended {
-        tracing::debug!(shard = shard.id, peer, "connection closed: {why}");
+        tracing::debug!(shard = %shard.id, peer, "connection closed: {why}");
     }
     release_memory(&edge, &send, &progress);
 }
@@ -549,16 +550,16 @@ struct Room(
 
 /// A request for shard `owner` that this node does not serve, as the client is told.
 impl BrokerImpl {
-    fn not_led_here(&self, owner: usize) -> Option<LeaderHint> {
+    fn not_led_here(&self, owner: ShardId) -> Option<LeaderHint> {
         let view = self.shard.cluster.as_ref()?;
-        let (serving, leader, term) = view.shard_role(owner)?;
+        let (serving, leader, term) = view.shard_role(owner.get())?;
         if serving {
             return None;
         }
         Some(LeaderHint {
             shard: owner,
             term,
-            leader: (leader != 0).then_some(leader),
+            leader: NodeId::from_wire(leader),
             client: view.client_address(leader),
         })
     }
@@ -571,9 +572,9 @@ pub(super) fn write_not_leader(
     rpc::cluster::write_not_leader(
         builder,
         &rpc::cluster::NotLeader {
-            shard_id: hint.shard as u32,
+            shard_id: hint.shard.to_wire(),
             term: hint.term,
-            leader_node_id: hint.leader.unwrap_or(0),
+            leader_node_id: NodeId::to_wire(hint.leader),
             leader_address: hint.client.clone().unwrap_or_default(),
         },
     );
@@ -735,7 +736,10 @@ impl BrokerImpl {
         // The archives in `parts` are all the call needs now: free the request's frame (as
         // large as the batch) before waiting for room and for the store.
         drop(params);
-        if let Some(hint) = parts.iter().find_map(|p| self.not_led_here(p.shard)) {
+        if let Some(hint) = parts
+            .iter()
+            .find_map(|p| self.not_led_here(ShardId::new(p.shard)))
+        {
             write_not_leader(results.get().init_not_leader(), &hint);
             return Ok(());
         }
@@ -760,6 +764,7 @@ impl BrokerImpl {
                     batch,
                 } = part;
                 let shard = self.shard.clone();
+                let owner = ShardId::new(owner);
                 let call = glommio::spawn_local(async move {
                     shard
                         .call(owner, |reply| Request::Publish { batch, reply })
@@ -830,7 +835,7 @@ impl broker::Server for BrokerImpl {
         self.conn.set_protocol_version(client_version);
         if let Some(name) = access.name() {
             tracing::debug!(
-                shard = self.shard.id,
+                shard = %self.shard.id,
                 token = name,
                 "connection authenticated"
             );
@@ -839,7 +844,7 @@ impl broker::Server for BrokerImpl {
         reply.set_server_version(client_version);
         reply.set_shard_count(self.shard.count as u32);
         reply.set_shard_id(if self.own_port {
-            self.shard.id as u32
+            self.shard.id.to_wire()
         } else {
             rpc::ANY_SHARD
         });
@@ -888,7 +893,7 @@ impl broker::Server for BrokerImpl {
         })?;
         let (topic, group, consumer_cap, queue_size) = subscribe_params(&params)?;
         self.admit(Some(Action::Consume { topic: &topic }))?;
-        let owner = TopicHash::of(&topic).shard(self.shard.count);
+        let owner = self.shard.owner_of(&topic);
         let (sink_id, sink, notify) = self.shard.open_sink(self.receipts.clone());
         let uuid = uuid::Uuid::new_v4();
         let sink_addr = SinkAddr {
@@ -1003,13 +1008,13 @@ impl broker::Server for BrokerImpl {
         let _call = self.enter_call()?;
         self.admit(Some(Action::Admin { what: "stats" }))?;
         let mut stats = rpc::Stats::default();
-        for owner in 0..self.shard.count {
+        for owner in ShardId::all(self.shard.count) {
             let s = self
                 .shard
                 .call(owner, |reply| Request::Stats { reply })
                 .await
                 .map_err(|e| failed(e.to_string()))?;
-            rpc::stats::add_shard(&mut stats, owner as u32, s);
+            rpc::stats::add_shard(&mut stats, owner, s);
         }
         if self.conn.protocol_version() < rpc::BACKLOG_SPLIT_VERSION {
             rpc::stats::as_protocol_1(&mut stats);
@@ -1042,7 +1047,7 @@ impl broker::Server for BrokerImpl {
         };
         crate::key::validate_topic(&topic)
             .map_err(|e| failed(format!("forgetGroup: topic: {e}")))?;
-        let owner = TopicHash::of(&topic).shard(self.shard.count);
+        let owner = self.shard.owner_of(&topic);
         self.shard
             .call(owner, |reply| Request::ForgetGroup {
                 topic,
@@ -1115,7 +1120,7 @@ fn subscribe_params(
 #[derive(Clone)]
 struct DeliverStream {
     shard: Rc<Shard>,
-    owner: usize,
+    owner: ShardId,
     consumer: ConsumerId,
     sink: Rc<Sink>,
     receipts: Rc<Receipts>,
@@ -1245,7 +1250,7 @@ impl DeliverStream {
 struct SubscriptionImpl {
     shard: Rc<Shard>,
     conn: Rc<ConnectionUse>,
-    owner: usize,
+    owner: ShardId,
     consumer: ConsumerId,
     sink_id: u64,
     sink: Rc<Sink>,

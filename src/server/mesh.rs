@@ -5,13 +5,14 @@
 use futures_channel::oneshot;
 
 use crate::config::AckLevel;
+use crate::ids::{NodeId, ShardId};
 use crate::key::EventKey;
 use crate::pipeline::{ConsumerId, Delivery, ShardStats, TagResult, ValidatedBatch};
 
 /// Where a subscription's deliveries go: a sink on the shard that owns the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SinkAddr {
-    pub shard: usize,
+    pub shard: ShardId,
     pub sink: u64,
 }
 
@@ -43,10 +44,10 @@ pub struct Subscribed {
 /// In a cluster: who leads a shard this node does not serve, for a client to go there.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeaderHint {
-    pub shard: usize,
+    pub shard: ShardId,
     pub term: u64,
     /// The leader's node id, when one is known.
-    pub leader: Option<u64>,
+    pub leader: Option<NodeId>,
     /// The leader's client address (`host:port`), when known.
     pub client: Option<String>,
 }
@@ -151,7 +152,7 @@ pub enum ShardMsg {
     RaftIn(Vec<raft::eraftpb::Message>),
     /// Raft messages of shard `shard`'s replica for peer nodes (to shard 0, for its transport).
     RaftOut {
-        shard: usize,
+        shard: ShardId,
         messages: Vec<raft::eraftpb::Message>,
     },
 }

@@ -38,6 +38,7 @@ use crate::cluster::replica::ReplicaConfig;
 use crate::cluster::transport::Transport;
 use crate::cluster::view::ClusterView;
 use crate::config::{ClusterConfig, Config, PublishConfig, StorageEngine};
+use crate::ids::ShardId;
 use crate::metrics::http::MetricsEndpoint;
 use crate::metrics::MetricsSlots;
 use crate::pipeline::{drive, ShardCore};
@@ -72,7 +73,7 @@ struct Ops {
 
 /// Where a shard ended up listening.
 struct Started {
-    shard: usize,
+    shard: ShardId,
     shared: SocketAddr,
     own: SocketAddr,
 }
@@ -192,16 +193,15 @@ fn spawn_shards(
     let connections = ConnectionCount::new(config.server.client.connections_max);
     let (senders, receivers) = mesh_channels(count);
     let mut handles = Vec::with_capacity(count);
-    for (shard_id, (peer_senders, peer_receivers)) in senders.into_iter().zip(receivers).enumerate()
-    {
-        let cpu = cpus[shard_id];
+    for (index, (peer_senders, peer_receivers)) in senders.into_iter().zip(receivers).enumerate() {
+        let (shard_id, cpu) = (ShardId::new(index), cpus[index]);
         let start = ShardStart {
             shard_id,
             count,
             config: config.clone(),
             topology: topology.clone(),
             listen,
-            own_addr: config.server.shard_listen(shard_id),
+            own_addr: config.server.shard_listen(index),
             started: started.clone(),
             ops: ops.clone(),
             cluster_view: cluster_view.clone(),
@@ -243,10 +243,10 @@ fn await_started(
         *list = shards
             .iter()
             .map(|s| ShardInfo {
-                shard_id: s.shard as u32,
+                shard_id: s.shard.to_wire(),
                 host: s.own.ip().to_string(),
                 port: s.own.port(),
-                cpu: cpus[s.shard] as u32,
+                cpu: cpus[s.shard.get()] as u32,
                 ..ShardInfo::default()
             })
             .collect();
@@ -307,7 +307,7 @@ fn resolve_port(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
 
 /// What one shard's executor starts from.
 struct ShardStart {
-    shard_id: usize,
+    shard_id: ShardId,
     count: usize,
     config: Config,
     topology: Topology,
@@ -355,7 +355,7 @@ async fn shard_main(
         shared: shared_addr,
         own: own_bound,
     }));
-    tracing::debug!(shard = shard_id, %shared_addr, %own_bound, "shard listening");
+    tracing::debug!(shard = %shard_id, %shared_addr, %own_bound, "shard listening");
     inject_panic_if_asked(shard_id);
     end_a_task_if_asked(&shard);
     serve_clients(&shard, &start, shared, own).await;
@@ -526,13 +526,13 @@ async fn serve_clients(
 
 /// Fault injection for the tests of what a panic does: `PINQ_FAULT_PANIC_SHARD=N` makes shard
 /// `N` panic half a second after it starts serving. Never set in production.
-fn inject_panic_if_asked(shard_id: usize) {
+fn inject_panic_if_asked(shard_id: ShardId) {
     let asked = std::env::var("PINQ_FAULT_PANIC_SHARD").ok();
-    if asked.and_then(|v| v.parse::<usize>().ok()) != Some(shard_id) {
+    if asked.and_then(|v| v.parse::<usize>().ok()) != Some(shard_id.get()) {
         return;
     }
     tracing::warn!(
-        shard = shard_id,
+        shard = %shard_id,
         "PINQ_FAULT_PANIC_SHARD is set: this shard will panic"
     );
     glommio::spawn_local(async move {
@@ -547,11 +547,11 @@ fn inject_panic_if_asked(shard_id: usize) {
 /// as a long-lived task that ended by mistake would. Never set in production.
 fn end_a_task_if_asked(shard: &Rc<Shard>) {
     let asked = std::env::var("PINQ_FAULT_END_TASK_SHARD").ok();
-    if asked.and_then(|v| v.parse::<usize>().ok()) != Some(shard.id) {
+    if asked.and_then(|v| v.parse::<usize>().ok()) != Some(shard.id.get()) {
         return;
     }
     tracing::warn!(
-        shard = shard.id,
+        shard = %shard.id,
         "PINQ_FAULT_END_TASK_SHARD is set: a task of this shard will end"
     );
     let ends = Box::pin(glommio::timer::sleep(std::time::Duration::from_millis(500)));
@@ -565,7 +565,7 @@ fn end_a_task_if_asked(shard: &Rc<Shard>) {
 /// replicated store, with the channel its Raft messages for peers come out of.
 async fn open_store(
     config: &Config,
-    shard_id: usize,
+    shard_id: ShardId,
 ) -> Result<
     (
         ShardStore,
@@ -576,7 +576,7 @@ async fn open_store(
     let data_dir = &config.server.data_dir;
     let Some(cluster) = &config.cluster else {
         return Ok((
-            ShardStore::open(&config.storage, data_dir, shard_id).await?,
+            ShardStore::open(&config.storage, data_dir, shard_id.get()).await?,
             None,
         ));
     };
@@ -584,7 +584,7 @@ async fn open_store(
     let store = ShardStore::open_replicated(
         &config.storage,
         data_dir,
-        shard_id,
+        shard_id.get(),
         driver_config(cluster),
         tx,
     )
@@ -638,14 +638,14 @@ fn start_cluster(
     let Some(cluster) = &config.cluster else {
         return Ok(());
     };
-    if shard.id != 0 {
+    if shard.id != ShardId::FIRST {
         return Ok(());
     }
     let weak = Rc::downgrade(shard);
     let inbound: Rc<dyn Fn(u64, u32, raft::eraftpb::Message)> =
         Rc::new(move |_from, to_shard, message| {
             if let Some(shard) = weak.upgrade() {
-                shard.route_from_peer(to_shard as usize, message);
+                shard.route_from_peer(ShardId::from_wire(to_shard), message);
             }
         });
     let transport =
@@ -704,7 +704,7 @@ async fn accept_loop(
                 let pause = backoff.failed();
                 if let Some(suppressed) = log.admit(now_ms()) {
                     tracing::warn!(
-                        shard = shard.id,
+                        shard = %shard.id,
                         suppressed,
                         "accept failed: {e}; retrying in {pause:?} ({suppressed} more failures since the last line)"
                     );

@@ -6,7 +6,6 @@ use std::rc::Rc;
 
 use super::mesh::{Refused, Request};
 use super::shard::Shard;
-use crate::key::TopicHash;
 use crate::pipeline::policy::{Backoff, Policy, PolicyOverride};
 use crate::rpc::pinq_capnp::broker;
 use crate::rpc::refusal::{code_first, Code};
@@ -21,7 +20,7 @@ pub async fn set_group_policy(
 ) -> Result<(), capnp::Error> {
     let (topic, group, policy) =
         read(params).map_err(|(code, e)| code.error(format!("setGroupPolicy: {e}")))?;
-    let owner = TopicHash::of(&topic).shard(shard.count);
+    let owner = shard.owner_of(&topic);
     let answer = shard
         .call(owner, |reply| Request::SetGroupPolicy {
             topic: topic.clone(),

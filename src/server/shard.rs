@@ -39,6 +39,7 @@ use super::shutdown::ShutdownFlag;
 use crate::cluster::driver::ReplicatedStore;
 use crate::cluster::view::ClusterView;
 use crate::config::DeliveryConfig;
+use crate::ids::{NodeId, ShardId};
 use crate::key::EventKey;
 use crate::metrics::{MetricsSlots, Problem, ShardRecorder, ShardSnapshot, SNAPSHOT_INTERVAL};
 use crate::ops::ratelimit::{RateLimit, LOG_INTERVAL_MS};
@@ -116,7 +117,7 @@ impl Kick {
 }
 
 pub struct Shard {
-    pub id: usize,
+    pub id: ShardId,
     pub count: usize,
     pub core: RefCell<ShardCore>,
     pub store: ShardStore,
@@ -171,7 +172,7 @@ pub struct Shard {
 impl Shard {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        id: usize,
+        id: ShardId,
         count: usize,
         core: ShardCore,
         store: ShardStore,
@@ -253,9 +254,9 @@ impl Shard {
     /// Who leads this shard, as far as this node knows.
     pub fn leader_hint(&self) -> LeaderHint {
         let (role, _) = self.replicated().map(|r| r.role()).unwrap_or_default();
-        let leader = (role.leader_id != 0).then_some(role.leader_id);
+        let leader = NodeId::from_wire(role.leader_id);
         let client = match (&self.cluster, leader) {
-            (Some(view), Some(id)) => view.client_address(id),
+            (Some(view), Some(id)) => view.client_address(id.get()),
             _ => None,
         };
         LeaderHint {
@@ -275,12 +276,12 @@ impl Shard {
     fn on_store_error(&self, what: &'static str, error: &StoreError) {
         if !error.is_fatal() {
             if !error.is_disk_full() {
-                tracing::debug!(shard = self.id, "{what}: {error}");
+                tracing::debug!(shard = %self.id, "{what}: {error}");
                 return;
             }
             if let Some(suppressed) = self.admit_log(what) {
                 tracing::warn!(
-                    shard = self.id,
+                    shard = %self.id,
                     suppressed,
                     "{what} refused, retried: {error}"
                 );
@@ -290,7 +291,7 @@ impl Shard {
         let reason = format!("shard {}: storage failed during {what}: {error}", self.id);
         if self.shutdown.fail(reason) {
             tracing::error!(
-                shard = self.id,
+                shard = %self.id,
                 "{what}: storage failed for good, stopping the broker: {error}"
             );
         }
@@ -300,7 +301,7 @@ impl Shard {
     fn log_limited(&self, what: &'static str, detail: std::fmt::Arguments<'_>) {
         if let Some(suppressed) = self.admit_log(what) {
             tracing::warn!(
-                shard = self.id,
+                shard = %self.id,
                 suppressed,
                 "{what} not stored, retried: {detail}"
             );
@@ -337,11 +338,16 @@ impl Shard {
         }
     }
 
+    /// The shard of this node that owns `topic`.
+    pub fn owner_of(&self, topic: &str) -> ShardId {
+        ShardId::new(crate::key::TopicHash::of(topic).shard(self.count))
+    }
+
     /// Sends a message to another shard, waiting while its channel is full.
-    async fn send_to(&self, shard: usize, msg: ShardMsg) -> Result<(), String> {
+    async fn send_to(&self, shard: ShardId, msg: ShardMsg) -> Result<(), String> {
         let peer = self
             .peers
-            .get(shard)
+            .get(shard.get())
             .and_then(Option::as_ref)
             .ok_or_else(|| format!("no channel to shard {shard}"))?;
         peer.send(msg)
@@ -352,7 +358,7 @@ impl Shard {
     /// Runs a request on the shard that owns it and waits for the reply.
     pub async fn call<T>(
         self: &Rc<Self>,
-        owner: usize,
+        owner: ShardId,
         make: impl FnOnce(Reply<T>) -> Request,
     ) -> Result<T, Refused> {
         let (tx, rx) = oneshot::channel();
@@ -371,11 +377,11 @@ impl Shard {
     }
 
     /// Sends a request that needs no reply.
-    pub async fn tell(self: &Rc<Self>, owner: usize, request: Request) {
+    pub async fn tell(self: &Rc<Self>, owner: ShardId, request: Request) {
         if owner == self.id {
             self.handle(request).await;
         } else if let Err(e) = self.send_to(owner, ShardMsg::Request(request)).await {
-            tracing::warn!(shard = self.id, "{e}");
+            tracing::warn!(shard = %self.id, "{e}");
         }
     }
 
@@ -509,7 +515,7 @@ impl Shard {
     fn unsubscribe(self: &Rc<Self>, consumer: ConsumerId) {
         self.routes.borrow_mut().remove(&consumer);
         if let Err(e) = self.core.borrow_mut().unsubscribe(now_ms(), consumer) {
-            tracing::debug!(shard = self.id, "unsubscribe: {e}");
+            tracing::debug!(shard = %self.id, "unsubscribe: {e}");
         }
         self.send_dead_letters();
         self.dispatcher.kick();
@@ -610,7 +616,7 @@ impl Shard {
                 return;
             }
         };
-        let owner = crate::key::TopicHash::of(&message.topic).shard(self.count);
+        let owner = self.owner_of(&message.topic);
         let epoch = self.core_epoch.get();
         if !self.may_dispatch() {
             // Lost the lease since it was taken: parked, tried again after the guard.
@@ -702,24 +708,24 @@ impl Shard {
     // ---- cluster -------------------------------------------------------------------------
 
     /// Shard 0: hands another shard's (or its own) Raft messages to the transport.
-    fn send_to_peers(&self, shard: usize, messages: Vec<raft::eraftpb::Message>) {
+    fn send_to_peers(&self, shard: ShardId, messages: Vec<raft::eraftpb::Message>) {
         if let Some(transport) = self.transport.borrow().as_ref() {
             for message in messages {
-                transport.send(message.to, shard as u32, message);
+                transport.send(message.to, shard.to_wire(), message);
             }
         }
     }
 
     /// Shard 0: a Raft message from a peer node for replica `shard` of this node. Never waits:
     /// a full channel drops it, counted (Raft retransmits).
-    pub fn route_from_peer(&self, shard: usize, message: raft::eraftpb::Message) {
+    pub fn route_from_peer(&self, shard: ShardId, message: raft::eraftpb::Message) {
         if shard == self.id {
             if let Some(store) = self.replicated() {
                 store.step(message);
             }
             return;
         }
-        if let Some(Some(peer)) = self.peers.get(shard) {
+        if let Some(Some(peer)) = self.peers.get(shard.get()) {
             if peer.try_send(ShardMsg::RaftIn(vec![message])).is_err() {
                 self.count_raft_drops(|d| d.to_replica_full += 1);
             }
@@ -737,8 +743,8 @@ impl Shard {
     /// mesh from any other shard, never waiting: a full channel drops them, counted).
     pub async fn raft_out_loop(self: Rc<Self>, outbox: LocalReceiver<Vec<raft::eraftpb::Message>>) {
         while let Some(messages) = outbox.recv().await {
-            if self.id == 0 {
-                self.send_to_peers(0, messages);
+            if self.id == ShardId::FIRST {
+                self.send_to_peers(ShardId::FIRST, messages);
             } else if let Some(Some(peer)) = self.peers.first() {
                 let n = messages.len() as u64;
                 let out = ShardMsg::RaftOut {
@@ -768,7 +774,7 @@ impl Shard {
             }
             let (role, serving) = store.role();
             if let Some(view) = &self.cluster {
-                view.set_shard(self.id, store.status());
+                view.set_shard(self.id.get(), store.status());
             }
             if serving != self.serving.get() {
                 if !serving {
@@ -783,7 +789,7 @@ impl Shard {
                 }
                 self.serving.set(serving);
                 tracing::info!(
-                    shard = self.id,
+                    shard = %self.id,
                     term = role.term,
                     leader = role.leader_id,
                     serving,
@@ -833,7 +839,7 @@ impl Shard {
                 glommio::spawn_local(async move {
                     let revoke = ShardMsg::RevokeReceipts { sink: sink.sink };
                     if let Err(e) = shard.send_to(sink.shard, revoke).await {
-                        tracing::warn!(shard = shard.id, "a revoke was lost: {e}");
+                        tracing::warn!(shard = %shard.id, "a revoke was lost: {e}");
                     }
                 })
                 .detach();
@@ -851,7 +857,7 @@ impl Shard {
         let reason = format!("shard {}: the raft driver stopped: {error}", self.id);
         if self.shutdown.fail(reason) {
             tracing::error!(
-                shard = self.id,
+                shard = %self.id,
                 "the raft driver stopped, stopping the node: {error}"
             );
         }
@@ -869,7 +875,7 @@ impl Shard {
         self.end_streams();
         let reason = format!("shard {}: {what} ended unexpectedly", self.id);
         if self.shutdown.fail(reason.clone()) {
-            tracing::error!(shard = self.id, "{reason}; stopping the node");
+            tracing::error!(shard = %self.id, "{reason}; stopping the node");
         }
     }
 
@@ -895,7 +901,7 @@ impl Shard {
             let close = ShardMsg::CloseSink { sink: sink.sink };
             if let Err(e) = shard.send_to(sink.shard, close).await {
                 shard.closes_lost.set(shard.closes_lost.get() + 1);
-                tracing::warn!(shard = shard.id, "a subscription's close was lost: {e}");
+                tracing::warn!(shard = %shard.id, "a subscription's close was lost: {e}");
             }
         })
         .detach();
@@ -923,7 +929,7 @@ impl Shard {
         };
         if found.unreadable > 0 {
             tracing::warn!(
-                shard = self.id,
+                shard = %self.id,
                 unreadable = found.unreadable,
                 "unreadable copy records skipped (their copies count deliveries from 1 again)"
             );
@@ -933,7 +939,7 @@ impl Shard {
         }
         if let Err(e) = drive::drop_copy_records(&self.store, found.orphans).await {
             tracing::debug!(
-                shard = self.id,
+                shard = %self.id,
                 "copy records of deleted messages not dropped yet: {e}"
             );
         }
@@ -947,7 +953,7 @@ impl Shard {
             Ok((entries, unreadable)) => {
                 if unreadable > 0 {
                     tracing::warn!(
-                        shard = self.id,
+                        shard = %self.id,
                         unreadable,
                         "unreadable idempotent-publish entries skipped (a republish of their messages is stored again)"
                     );
@@ -1029,7 +1035,7 @@ impl Shard {
     /// owner, where their leases start.
     pub async fn return_credit(
         self: &Rc<Self>,
-        owner: usize,
+        owner: ShardId,
         consumer: ConsumerId,
         keys: Vec<EventKey>,
     ) {
@@ -1039,7 +1045,7 @@ impl Shard {
             .send_to(owner, ShardMsg::Credit { consumer, keys })
             .await
         {
-            tracing::warn!(shard = self.id, "{e}");
+            tracing::warn!(shard = %self.id, "{e}");
         }
     }
 
@@ -1120,7 +1126,7 @@ impl Shard {
             )
             .await
         {
-            tracing::warn!(shard = self.id, "{e}");
+            tracing::warn!(shard = %self.id, "{e}");
         }
         true
     }
@@ -1386,7 +1392,7 @@ impl Shard {
             auth_refusals: self.auth_refusals.get(),
             client_memory: self.client_memory(),
         };
-        slots.publish(self.id, snapshot);
+        slots.publish(self.id.get(), snapshot);
     }
 
     /// The client limits its accept loops and connections share (the metrics read them).
@@ -1476,7 +1482,7 @@ impl Shard {
         }
         if self.publishing.get() > 0 {
             tracing::warn!(
-                shard = self.id,
+                shard = %self.id,
                 publishing = self.publishing.get(),
                 "publishes still waiting for the store at the shutdown deadline"
             );
@@ -1517,7 +1523,7 @@ impl Shard {
             }
         }
         if self.core.borrow().deletes_busy() {
-            tracing::warn!(shard = self.id, "deletes still waiting at the shutdown deadline: their messages may be delivered again after a restart");
+            tracing::warn!(shard = %self.id, "deletes still waiting at the shutdown deadline: their messages may be delivered again after a restart");
         }
         if let Some(store) = self.replicated() {
             // Every delete is written: let a follower take over now, not after an election
@@ -1528,9 +1534,9 @@ impl Shard {
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
         if let Err(e) = self.store.close().await {
-            tracing::error!(shard = self.id, "closing the store failed: {e}");
+            tracing::error!(shard = %self.id, "closing the store failed: {e}");
         }
-        tracing::debug!(shard = self.id, "shard stopped");
+        tracing::debug!(shard = %self.id, "shard stopped");
     }
 
     /// Dispatch work needs to look again (used by the connection layer after it changes state).

@@ -5,7 +5,8 @@
 //! Each producer and each consumer is one OS thread with one blocking TCP connection; the
 //! brokers' protocols are spoken directly (see `redis.rs`, `nats.rs`). As in `pinq bench`,
 //! every payload carries its producer, sequence number and (intended) send time, every delivery
-//! is counted, and latency at a fixed rate is measured from the intended send time.
+//! is counted, and latency at a fixed rate is measured from the intended send time; the Redis
+//! driver also reports `publish_call_us`, measured from when the batch was actually written.
 //!
 //!   pinq-peers nats|redis --server HOST:PORT [--producers N] [--consumers N] [--size B]
 //!       [--rate N] [--warmup DUR] [--duration DUR] [--batch N] [--backlog-max N] --json FILE
@@ -161,6 +162,9 @@ impl Run {
 pub struct Hists {
     pub e2e: Histogram<u64>,
     pub publish_ack: Histogram<u64>,
+    /// A publish batch's round trip from when it was actually written (not from when it was
+    /// due): the call itself, without the producer's own lateness in waking up for it.
+    pub publish_call: Histogram<u64>,
     pub ack: Histogram<u64>,
 }
 
@@ -176,12 +180,14 @@ impl Hists {
         Hists {
             e2e: h(),
             publish_ack: h(),
+            publish_call: h(),
             ack: h(),
         }
     }
     fn add(&mut self, o: &Hists) {
         let _ = self.e2e.add(&o.e2e);
         let _ = self.publish_ack.add(&o.publish_ack);
+        let _ = self.publish_call.add(&o.publish_call);
         let _ = self.ack.add(&o.ack);
     }
 }
@@ -355,6 +361,7 @@ fn main() {
         "missing": missing,
         "e2e_us": percentiles(&total.e2e),
         "publish_ack_us": percentiles(&total.publish_ack),
+        "publish_call_us": percentiles(&total.publish_call),
         "ack_us": percentiles(&total.ack),
     });
     let text = serde_json::to_string_pretty(&summary).unwrap_or_default();

@@ -129,12 +129,17 @@ impl Driver for Redis {
                 run.stamp(&mut payload, producer, seq + i, now);
                 c.cmd(&[b"XADD", STREAM, b"*", b"p", &payload])?;
             }
+            let written = run.now_ns();
             c.flush()?;
             run.copies_sent.fetch_add(n as u64, Ordering::Relaxed);
             for _ in 0..n {
                 c.read()?;
             }
             let done = run.now_ns();
+            if written >= run.measure_start_ns() {
+                h.publish_call
+                    .saturating_record_n(done.saturating_sub(written) / 1000, n as u64);
+            }
             for i in 0..n as u64 {
                 let sent = run.intended_ns(producer, seq + i).unwrap_or(now);
                 if sent >= run.measure_start_ns() {
