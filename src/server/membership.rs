@@ -128,10 +128,14 @@ fn ask_members(cluster: &ClusterConfig, join: &str) -> anyhow::Result<AddressBoo
 }
 
 /// Keeps the view in step with the membership `store` applies (every shard of a cluster).
-pub async fn watch_shard(shard: usize, store: Rc<ReplicatedStore>, view: ClusterView) {
+pub async fn watch_shard(
+    shard: crate::ids::ShardId,
+    store: Rc<ReplicatedStore>,
+    view: ClusterView,
+) {
     loop {
         let news = store.membership();
-        view.set_conf(shard, news.conf);
+        view.set_conf(shard.get(), news.conf);
         for m in news.learned {
             view.learn_node(m.id, m.raft.to_string(), Some(m.client));
         }
@@ -230,7 +234,7 @@ pub async fn change_membership(
         ));
     };
     let p = params.get()?;
-    let target = p.get_shard_id() as usize;
+    let target = crate::ids::ShardId::from_wire(p.get_shard_id());
     let node = p.get_node_id();
     let action = p.get_action().map_err(|e| invalid(e.to_string()))?;
     let step = match action {
@@ -242,7 +246,7 @@ pub async fn change_membership(
             Step::Change(action_of(action), member)
         }
     };
-    if target >= shard.count {
+    if target.get() >= shard.count {
         return Err(invalid(format!(
             "shard {target} does not exist ({} shards)",
             shard.count
@@ -336,7 +340,7 @@ pub async fn run_step(shard: &Rc<Shard>, step: Step, reply: Reply<Members>) {
     let result = match step {
         Step::TransferLeadership => transfer(shard, &store),
         Step::Change(action, member) => store
-            .change_membership(action, &member, shard.id)
+            .change_membership(action, &member, shard.id.get())
             .await
             .map_err(|e| refusal(shard, e)),
     };

@@ -452,7 +452,7 @@ impl Shard {
     /// This node was removed from its cluster: it says so, leaves the mark a restart refuses
     /// (`super::membership::REMOVED_FILE`), and stops serving (`pinq serve` exits 0).
     pub fn retire(&self, reason: String) {
-        tracing::warn!(shard = self.id, "{reason}: stopping");
+        tracing::warn!(shard = %self.id, "{reason}: stopping");
         let data_dir = self
             .replicated()
             .and_then(|r| r.shard_dir().parent().map(std::path::Path::to_path_buf));
