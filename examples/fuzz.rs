@@ -570,6 +570,19 @@ fn decode_publish(bytes: &[u8]) {
     }
 }
 
+/// A membership with a few random ids in each list.
+fn random_conf(rng: &mut fastrand::Rng) -> raft::eraftpb::ConfState {
+    let mut ids = |n: usize| -> Vec<u64> { (0..rng.usize(0..n)).map(|_| rng.u64(1..9)).collect() };
+    raft::eraftpb::ConfState {
+        voters: ids(5),
+        learners: ids(3),
+        voters_outgoing: ids(4),
+        learners_next: ids(2),
+        auto_leave: false,
+        ..raft::eraftpb::ConfState::default()
+    }
+}
+
 fn corpus_raft(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
     use pinq::log::wal::Payload;
     use raft::eraftpb::{Entry, HardState};
@@ -581,7 +594,7 @@ fn corpus_raft(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
                 commit: rng.u64(..1000),
                 ..HardState::default()
             };
-            let record = match rng.u8(0..3) {
+            let record = match rng.u8(0..5) {
                 0 => {
                     let first = rng.u64(1..1000);
                     RaftRecord::Entries {
@@ -601,10 +614,21 @@ fn corpus_raft(rng: &mut fastrand::Rng) -> Vec<Vec<u8>> {
                     }
                 }
                 1 => RaftRecord::HardState(hard_state),
+                2 => RaftRecord::Conf {
+                    index: rng.u64(..1000),
+                    conf_state: random_conf(rng),
+                },
+                3 => RaftRecord::Checkpoint {
+                    index: rng.u64(..1000),
+                    term: rng.u64(..100),
+                    hard_state,
+                    conf: Some(random_conf(rng)),
+                },
                 _ => RaftRecord::Checkpoint {
                     index: rng.u64(..1000),
                     term: rng.u64(..100),
                     hard_state,
+                    conf: None,
                 },
             };
             let mut out = Vec::new();

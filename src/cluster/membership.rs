@@ -127,8 +127,10 @@ pub fn plan(
         }
         Action::Remove => ConfChangeType::RemoveNode,
     };
-    let mut single = ConfChangeSingle::default();
-    single.node_id = node;
+    let mut single = ConfChangeSingle {
+        node_id: node,
+        ..ConfChangeSingle::default()
+    };
     single.set_change_type(kind);
     let mut change = ConfChangeV2::default();
     change.mut_changes().push(single);

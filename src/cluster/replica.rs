@@ -716,8 +716,10 @@ pub fn decode_conf_change(entry: &Entry) -> Result<ConfChangeV2, raft::Error> {
         EntryType::EntryConfChange => {
             // pinq proposes only V2 changes; a V1 one reads as the one change it makes.
             let v1 = raft::eraftpb::ConfChange::parse_from_bytes(&entry.data)?;
-            let mut single = raft::eraftpb::ConfChangeSingle::default();
-            single.node_id = v1.node_id;
+            let mut single = raft::eraftpb::ConfChangeSingle {
+                node_id: v1.node_id,
+                ..Default::default()
+            };
             single.set_change_type(v1.get_change_type());
             let mut v2 = ConfChangeV2::default();
             v2.mut_changes().push(single);
