@@ -9,6 +9,7 @@
 //! cargo bench --bench wal_pipeline                          # under target/, 10,000/s
 //! PINQ_BENCH_DIR=/path/on/the/disk PINQ_BENCH_WAL_RATE=2000 cargo bench --bench wal_pipeline
 //! PINQ_BENCH_WAL_PHASES=6 PINQ_BENCH_WAL_RECORDS=5000 PINQ_BENCH_WAL_BYTES=200 ...
+//! PINQ_BENCH_WAL_BOUNDS=1,2,3 cargo bench --bench wal_pipeline    # the bounds compared
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -90,7 +91,11 @@ struct Totals {
 
 async fn run(dir: &Path, settings: &Settings) {
     pinq::storage::io::probe_disk(dir).await.expect("probe");
-    let bounds = [1usize, 2];
+    let bounds: Vec<usize> = std::env::var("PINQ_BENCH_WAL_BOUNDS")
+        .unwrap_or_else(|_| "1,2".to_string())
+        .split(',')
+        .filter_map(|b| b.trim().parse().ok())
+        .collect();
     let mut totals: Vec<Totals> = bounds.iter().map(|_| Totals::default()).collect();
     for phase in 0..settings.phases {
         for (i, &bound) in bounds.iter().enumerate() {
