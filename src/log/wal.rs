@@ -35,11 +35,18 @@
 //! takes at most `segment_bytes_max` on disk (one record larger than that gets a segment of its
 //! own). [`Wal::live_bytes`] counts the zero-filled size, which is what the WAL cap bounds.
 //!
-//! Group commit: [`Wal::append`] encodes a record into the pending buffer at once (no I/O) and
-//! wakes the writer task; while the writer's write + fdatasync is in flight, later records pile up
-//! and share its next write and fdatasync. A `Durable` write waits in [`Wal::wait_durable`] for
-//! the fdatasync that covers its sequence number. The writer never reorders records and fsyncs a
-//! segment before it writes the next one.
+//! Group commit, pipelined: [`Wal::append`] encodes a record into the pending buffer at once
+//! (no I/O) and wakes the writer task. The writer commits in rounds: a round writes every record
+//! pending when it starts, then issues one fdatasync, after that write completed, in a task of
+//! its own; the next round's write may start while that fdatasync is still in flight, up to
+//! [`ROUNDS_IN_FLIGHT_MAX`] rounds at once, and records that arrive meanwhile pile up for the
+//! next round. Without it a durable record that arrives just after a round started waits for
+//! that round's fdatasync and then for its own write and fdatasync; with it, its write goes out
+//! at once. A `Durable` write waits in [`Wal::wait_durable`] until its round's fdatasync *and*
+//! those of every round before it have completed (`rounds`, a pure core): durability is reported
+//! in sequence order, never for N before everything up to N, and nothing behind a failed
+//! fdatasync is ever reported durable. The writer never reorders records and fsyncs a segment
+//! before it writes the next one (after the rounds in flight on it have completed).
 //!
 //! Called by the engine (append, roll, release) and by recovery (decode, replay). The codec never
 //! does I/O; the writer never decodes. After an I/O error the WAL is failed for good: every later
@@ -60,6 +67,7 @@ use std::rc::Rc;
 
 use glommio::io::DmaFile;
 
+use self::rounds::{Covered, RoundId, Rounds};
 use super::command::Command;
 use super::header::{
     encode_segment_header, read_segment_header, SegmentHeader, SEGMENT_HEADER_BYTES,
@@ -69,6 +77,8 @@ use crate::storage::io::{self as dio, WRITE_ALIGN};
 use crate::storage::signal::Signal;
 use crate::storage::StoreError;
 use crate::storage::{io_error, Failure};
+
+mod rounds;
 
 /// Bytes of a record header: `len u32 | crc u32 | seq u64`.
 pub const RECORD_HEADER_BYTES: usize = 16;
@@ -382,14 +392,19 @@ pub const BUFFER_BYTES_MAX: u64 = 4 << 20;
 /// A chunk is cut at this size so one DMA buffer stays small.
 const CHUNK_BYTES_MAX: usize = 1 << 20;
 
+/// Commit rounds in flight at once: a round's write may start while the previous round's
+/// fdatasync is still in flight (see the module docs).
+pub const ROUNDS_IN_FLIGHT_MAX: usize = 2;
+
 /// The first zero-fill step of a new segment; later steps double up to `preallocate_bytes`.
 const PREALLOCATE_FIRST_BYTES: u64 = 256 << 10;
 
 /// The segment the writer is appending to.
 struct OpenSegment {
     first_seq: u64,
-    file: DmaFile,
-    path: PathBuf,
+    /// Shared with the fdatasyncs of the rounds in flight.
+    file: Rc<DmaFile>,
+    path: Rc<Path>,
     /// Next write offset (aligned).
     pos: u64,
     /// Bytes at the start of the file already written with zeros (or records): writes below
@@ -459,6 +474,8 @@ pub struct Wal {
     /// Wakes durable waiters: `synced_seq` moved, or the log failed.
     synced: Signal,
     writer_idle: Cell<bool>,
+    /// The commit rounds in flight (see the module docs).
+    rounds: RefCell<Rounds<StoreError>>,
     /// Room for appended bytes not yet written (units: bytes, at most [`BUFFER_BYTES_MAX`]).
     buffer: glommio::sync::Semaphore,
     /// `Some((first_ms, max_ms))`: a write that fails for lack of space is retried with this
@@ -503,6 +520,7 @@ impl Wal {
             appended: Signal::default(),
             synced: Signal::default(),
             writer_idle: Cell::new(true),
+            rounds: RefCell::new(Rounds::new(ROUNDS_IN_FLIGHT_MAX)),
             buffer: glommio::sync::Semaphore::new(BUFFER_BYTES_MAX),
             full_retry: Cell::new(None),
             full_log: LogLimit::new(LOG_INTERVAL_MS),
@@ -755,9 +773,18 @@ impl Wal {
         self.appended.notify();
     }
 
-    /// True while no write is in flight and nothing is pending.
+    /// True while no write or fdatasync is in flight and nothing is pending.
     pub fn is_idle(&self) -> bool {
-        self.writer_idle.get() && self.state.borrow().pending.is_empty()
+        self.writer_idle.get()
+            && self.rounds.borrow().is_empty()
+            && self.state.borrow().pending.is_empty()
+    }
+
+    /// How many commit rounds may be in flight at once (see the module docs; default
+    /// [`ROUNDS_IN_FLIGHT_MAX`]). 1 is the classic group commit: a round's write waits for the
+    /// previous round's fdatasync. For benches comparing the two (`benches/wal_pipeline.rs`).
+    pub fn set_rounds_in_flight_max(&self, rounds: usize) {
+        self.rounds.borrow_mut().set_in_flight_max(rounds);
     }
 
     async fn run_writer(self: Rc<Self>) {
@@ -765,50 +792,49 @@ impl Wal {
         // Chunks taken for writing, in order: a write that fails for lack of space leaves the
         // unwritten ones here for the retry.
         let mut batch: VecDeque<Chunk> = VecDeque::new();
-        // The highest record taken and the buffer room its chunks hold, until an fdatasync
-        // covers them.
-        let mut unsynced: Option<(u64, u64)> = None;
+        // The records taken and not yet in a round (and the buffer room their chunks hold),
+        // with those of failed rounds, until a round's fdatasync covers them.
+        let mut unsynced: Option<Covered> = None;
         let mut attempt = 0u32;
         loop {
-            let stop = {
-                let mut st = self.state.borrow_mut();
-                for chunk in st.pending.drain(..) {
-                    let (last, reserved) = unsynced.unwrap_or((0, 0));
-                    unsynced = Some((last.max(chunk.last_seq), reserved + chunk.reserved));
-                    batch.push_back(chunk);
+            let stop = self.take_pending(&mut batch, &mut unsynced);
+            let failed = self.rounds.borrow_mut().take_failed();
+            let step = match failed {
+                Some((lost, error)) => {
+                    unsynced = Some(unsynced.map_or(lost, |u| lost.merge(u)));
+                    Err(error)
                 }
-                st.shutdown || st.failed.is_some()
-            };
-            let Some((last_seq, reserved)) = unsynced else {
-                if stop {
-                    break;
-                }
-                let wait = self.appended.wait();
-                self.writer_idle.set(true);
-                wait.await;
-                continue;
-            };
-            self.writer_idle.set(false);
-            match self.write_chunks(&mut batch, &mut current).await {
-                Ok(()) => {
-                    unsynced = None;
-                    attempt = 0;
-                    let mut st = self.state.borrow_mut();
-                    st.synced_seq = st.synced_seq.max(last_seq);
-                    st.counters.fsyncs += 1;
-                    let healed = st.disk_full.take();
-                    drop(st);
-                    if let Some(path) = healed {
-                        tracing::info!(file = %path, "space is back: WAL writes resumed");
+                None => {
+                    let room = self.rounds.borrow().has_room();
+                    if unsynced.is_none() && stop {
+                        break;
                     }
-                    self.buffer.signal(reserved);
+                    if unsynced.is_none() || !room {
+                        self.wait_for_work(unsynced.is_none()).await;
+                        continue;
+                    }
+                    self.writer_idle.set(false);
+                    self.write_round(&mut batch, &mut current).await
+                }
+            };
+            match step {
+                Ok(synced_file) => {
+                    attempt = 0;
+                    if let Some(covered) = unsynced.take() {
+                        self.begin_round(covered, synced_file);
+                    }
                 }
                 Err(e) if e.is_no_space() && !stop && self.full_retry.get().is_some() => {
+                    // Rounds still in flight hold earlier records: let them finish first, so
+                    // only the records the retry may lose are answered with `DiskFull`.
+                    self.drain_rounds().await;
+                    if self.rounds.borrow().has_failure() {
+                        continue;
+                    }
                     let delay = self.note_disk_full(&e, attempt);
                     attempt = attempt.saturating_add(1);
                     self.synced.notify();
                     self.sleep_unless_shutdown(delay).await;
-                    continue;
                 }
                 Err(e) => {
                     let failure = Failure::of(&e, &self.dir);
@@ -818,15 +844,96 @@ impl Wal {
                     break;
                 }
             }
-            self.synced.notify();
         }
+        self.drain_rounds().await;
         if let Some(seg) = current.take() {
-            let _ = dio::close(seg.file, &seg.path).await;
+            if let Ok(file) = Rc::try_unwrap(seg.file) {
+                let _ = dio::close(file, &seg.path).await;
+            }
         }
         self.writer_idle.set(true);
         self.state.borrow_mut().writer_running = false;
         // Writers waiting for room would wait forever: they get the failure (or `Closed`).
         self.buffer.close();
+        self.synced.notify();
+    }
+
+    /// Moves the appended chunks into `batch` and what they cover into `unsynced`. Returns
+    /// whether the writer should stop once nothing is left to write (shutdown, or failed).
+    fn take_pending(&self, batch: &mut VecDeque<Chunk>, unsynced: &mut Option<Covered>) -> bool {
+        let mut st = self.state.borrow_mut();
+        for chunk in st.pending.drain(..) {
+            let covered = Covered {
+                last_seq: chunk.last_seq,
+                reserved: chunk.reserved,
+            };
+            *unsynced = Some(unsynced.map_or(covered, |u| u.merge(covered)));
+            batch.push_back(chunk);
+        }
+        st.shutdown || st.failed.is_some()
+    }
+
+    /// Waits for records to write (`idle`: nothing is waiting to be written) or, with records
+    /// waiting, for a round in flight to complete and make room. A failed round wakes both.
+    async fn wait_for_work(&self, idle: bool) {
+        if idle {
+            let wait = self.appended.wait();
+            self.writer_idle.set(true);
+            wait.await;
+        } else {
+            self.synced.wait().await;
+        }
+    }
+
+    /// Waits until every round in flight has completed (successfully or not).
+    async fn drain_rounds(&self) {
+        while !self.rounds.borrow().is_settled() {
+            self.synced.wait().await;
+        }
+    }
+
+    /// Starts a round: issues the fdatasync of `file` (the segment the round's last write went
+    /// to, written completely by now) in a task of its own, so the writer can start the next
+    /// round's write meanwhile. `None`: nothing was written since the last sync, the records
+    /// are covered already.
+    fn begin_round(self: &Rc<Self>, covered: Covered, file: Option<(Rc<DmaFile>, Rc<Path>)>) {
+        let id = self.rounds.borrow_mut().begin(covered);
+        let Some((file, path)) = file else {
+            self.round_done(id, Ok(()));
+            return;
+        };
+        let wal = Rc::clone(self);
+        glommio::spawn_local(async move {
+            let result = dio::fdatasync(&file, &path).await;
+            drop(file);
+            wal.round_done(id, result);
+        })
+        .detach();
+    }
+
+    /// A round's fdatasync completed: reports durable what the rounds make durable (in
+    /// sequence order: see `rounds`), gives their buffer room back, and wakes the waiters (and
+    /// the writer, after a failure).
+    fn round_done(&self, id: RoundId, result: Result<(), StoreError>) {
+        let (advance, failure) = {
+            let mut rounds = self.rounds.borrow_mut();
+            let advance = rounds.complete(id, result);
+            (advance, rounds.has_failure())
+        };
+        if let Some(covered) = advance.covered {
+            let mut st = self.state.borrow_mut();
+            st.synced_seq = st.synced_seq.max(covered.last_seq);
+            st.counters.fsyncs += advance.rounds;
+            let healed = st.disk_full.take();
+            drop(st);
+            if let Some(path) = healed {
+                tracing::info!(file = %path, "space is back: WAL writes resumed");
+            }
+            self.buffer.signal(covered.reserved);
+        }
+        if failure {
+            self.appended.notify();
+        }
         self.synced.notify();
     }
 
@@ -918,41 +1025,25 @@ impl Wal {
         Ok(())
     }
 
-    /// Writes chunks in order, fsyncing a segment before moving to the next, then fsyncs the
-    /// last one: one fdatasync per call in the common case.
+    /// The write half of a round: writes chunks in order, fsyncing a segment before moving to
+    /// the next (after the rounds in flight on it have completed), and returns the segment the
+    /// last write went to, for the round's fdatasync (`None` if no segment is open).
     ///
     /// Takes each chunk off the front of `chunks` once it is written: after an error, what is
     /// left is exactly what must be written again, and every segment position and size was
     /// advanced only past writes that succeeded.
-    async fn write_chunks(
+    async fn write_round(
         &self,
         chunks: &mut VecDeque<Chunk>,
         current: &mut Option<OpenSegment>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<(Rc<DmaFile>, Rc<Path>)>, StoreError> {
         while let Some(chunk) = chunks.front() {
             let switch = current
                 .as_ref()
                 .is_none_or(|seg| seg.first_seq != chunk.segment_first_seq);
             if switch {
-                if let Some(seg) = current.as_ref() {
-                    // Synced before it is let go: a retry after a failure here syncs it again.
-                    dio::fdatasync(&seg.file, &seg.path).await?;
-                    self.state.borrow_mut().counters.fsyncs += 1;
-                }
-                if let Some(seg) = current.take() {
-                    dio::close(seg.file, &seg.path).await?;
-                }
-                let path = self.dir.join(segment_name(chunk.segment_first_seq));
-                let file = dio::open_rw(&path, true).await?;
-                *current = Some(OpenSegment {
-                    first_seq: chunk.segment_first_seq,
-                    file,
-                    path,
-                    pos: SEGMENT_HEADER_BYTES as u64,
-                    zeroed_end: 0,
-                    header_says: 0,
-                    named: false,
-                });
+                let first_seq = chunk.segment_first_seq;
+                self.switch_segment(current, first_seq).await?;
             }
             if let Some(seg) = current.as_mut() {
                 let padded = dio::align_up(chunk.bytes.len().max(1)) as u64;
@@ -966,9 +1057,40 @@ impl Wal {
             }
             chunks.pop_front();
         }
+        Ok(current
+            .as_ref()
+            .map(|seg| (Rc::clone(&seg.file), Rc::clone(&seg.path))))
+    }
+
+    /// Lets the open segment go, synced, and opens segment `first_seq`. The rounds in flight
+    /// complete first: their fdatasyncs hold the file.
+    async fn switch_segment(
+        &self,
+        current: &mut Option<OpenSegment>,
+        first_seq: u64,
+    ) -> Result<(), StoreError> {
+        self.drain_rounds().await;
         if let Some(seg) = current.as_ref() {
+            // Synced before it is let go: a retry after a failure here syncs it again.
             dio::fdatasync(&seg.file, &seg.path).await?;
+            self.state.borrow_mut().counters.fsyncs += 1;
         }
+        if let Some(seg) = current.take() {
+            if let Ok(file) = Rc::try_unwrap(seg.file) {
+                dio::close(file, &seg.path).await?;
+            }
+        }
+        let path: Rc<Path> = self.dir.join(segment_name(first_seq)).into();
+        let file = dio::open_rw(&path, true).await?;
+        *current = Some(OpenSegment {
+            first_seq,
+            file: Rc::new(file),
+            path,
+            pos: SEGMENT_HEADER_BYTES as u64,
+            zeroed_end: 0,
+            header_says: 0,
+            named: false,
+        });
         Ok(())
     }
 }
@@ -1123,6 +1245,173 @@ mod tests {
                 "padding of {short} bytes"
             );
         }
+    }
+
+    /// A simulated disk that lets every operation through to the real files, but (1) fails
+    /// fdatasync number `fail_sync` (counting from 1) with EIO, and (2) during each record
+    /// write (after the first zero fill's fdatasync), while `more` is above zero, appends the
+    /// next record to `wal`: so that record goes to the next round, deterministically, and
+    /// notes how many rounds were in flight when the write was issued.
+    struct ScriptedDisk {
+        fail_sync: u64,
+        syncs: Cell<u64>,
+        wal: RefCell<Option<Rc<Wal>>>,
+        more: Cell<u32>,
+        last_appended: Cell<u64>,
+        rounds_in_flight_at_writes: RefCell<Vec<usize>>,
+    }
+
+    impl ScriptedDisk {
+        fn new(fail_sync: u64, more: u32) -> Rc<ScriptedDisk> {
+            Rc::new(ScriptedDisk {
+                fail_sync,
+                syncs: Cell::new(0),
+                wal: RefCell::new(None),
+                more: Cell::new(more),
+                last_appended: Cell::new(0),
+                rounds_in_flight_at_writes: RefCell::new(Vec::new()),
+            })
+        }
+    }
+
+    impl crate::storage::io::seam::Disk for ScriptedDisk {
+        fn decide(
+            &self,
+            op: crate::storage::io::seam::Op<'_>,
+        ) -> crate::storage::io::seam::Outcome {
+            use crate::storage::io::seam::{Op, Outcome};
+            match op {
+                Op::Sync { .. } => {
+                    self.syncs.set(self.syncs.get() + 1);
+                    if self.syncs.get() == self.fail_sync {
+                        return Outcome::Fail(std::io::Error::from_raw_os_error(libc::EIO));
+                    }
+                }
+                Op::Write { pos, .. } if pos >= 2 * WRITE_ALIGN as u64 => {
+                    let wal = self.wal.borrow().clone();
+                    if let Some(wal) = wal {
+                        let in_flight = wal.rounds.borrow().in_flight();
+                        self.rounds_in_flight_at_writes.borrow_mut().push(in_flight);
+                        if self.more.get() > 0 {
+                            self.more.set(self.more.get() - 1);
+                            if let Ok(seq) = wal.append(&sample_batch()) {
+                                self.last_appended.set(seq);
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+            Outcome::Proceed
+        }
+    }
+
+    fn on_executor<F, Fut>(body: F)
+    where
+        F: FnOnce(PathBuf) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + 'static,
+    {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().to_path_buf();
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(move || async move {
+                dio::probe_disk(&path).await.expect("probe");
+                body(path).await;
+                crate::storage::io::seam::uninstall();
+            })
+            .expect("executor")
+            .join()
+            .expect("test");
+    }
+
+    /// Each record is appended while the previous one's write is in flight, so each goes to a
+    /// round of its own: the write of every round after the first starts while the previous
+    /// round's fdatasync is still in flight (two rounds at once), and still every record is
+    /// reported durable, in order, and reads back whole. With one round at a time (the bound
+    /// at 1) no write starts while a round is in flight, which shows the test sees the
+    /// difference.
+    #[test]
+    fn a_round_is_written_while_the_previous_rounds_fdatasync_is_in_flight() {
+        for bound in [2usize, 1] {
+            on_executor(move |path| async move {
+                let disk = ScriptedDisk::new(0, 20);
+                crate::storage::io::seam::install(disk.clone());
+                let wal = Rc::new(Wal::new(&path, 1, Vec::new(), 64 << 20, 1 << 20));
+                wal.set_rounds_in_flight_max(bound);
+                wal.start();
+                let first = wal.append(&sample_batch()).expect("append");
+                wal.wait_durable(first).await.expect("durable");
+                *disk.wal.borrow_mut() = Some(Rc::clone(&wal));
+                let second = wal.append(&sample_batch()).expect("append");
+                // Each record's write appends the next: wait until the chain has ended.
+                let mut last = second;
+                loop {
+                    wal.wait_durable(last).await.expect("durable");
+                    if disk.more.get() == 0 && disk.last_appended.get() == last {
+                        break;
+                    }
+                    last = disk.last_appended.get().max(last);
+                }
+                assert_eq!(last, second + 20);
+                *disk.wal.borrow_mut() = None;
+                let at_writes = disk.rounds_in_flight_at_writes.borrow().clone();
+                let overlapped = at_writes.iter().filter(|&&n| n >= 1).count();
+                // Not every one: the executor may run the fdatasync's completion before the
+                // writer issues the next write (glommio's preemption), which is fine.
+                if bound == 2 {
+                    assert!(
+                        overlapped >= 10,
+                        "writes with a round in flight: {at_writes:?}"
+                    );
+                } else {
+                    assert_eq!(overlapped, 0, "bound 1: {at_writes:?}");
+                }
+                assert!(at_writes.iter().all(|&n| n <= bound), "{at_writes:?}");
+                wal.shutdown().await.expect("shutdown");
+                let bytes = std::fs::read(path.join(segment_name(1))).expect("segment");
+                let mut reader = SegmentReader::new(&bytes);
+                let seqs: Vec<u64> =
+                    std::iter::from_fn(|| reader.next_record().map(|(_, r)| r.seq)).collect();
+                assert_eq!(seqs, (1..=last).collect::<Vec<u64>>());
+            });
+        }
+    }
+
+    /// A round whose fdatasync fails fails the log: its waiters and those of the record behind
+    /// it (appended while its write was in flight) get the error, no round starts behind the
+    /// failure, and `synced_seq` stays where the last good round left it.
+    #[test]
+    fn a_failed_fdatasync_fails_its_round_and_every_record_behind_it() {
+        on_executor(|path| async move {
+            // Syncs: 1 the first zero fill, 2 and 3 the rounds of seq 1 and 2, 4 seq 3's.
+            let disk = ScriptedDisk::new(4, 1);
+            crate::storage::io::seam::install(disk.clone());
+            let wal = Rc::new(Wal::new(&path, 1, Vec::new(), 64 << 20, 1 << 20));
+            wal.start();
+            for _ in 0..2 {
+                let seq = wal.append(&sample_batch()).expect("append");
+                wal.wait_durable(seq).await.expect("durable");
+            }
+            *disk.wal.borrow_mut() = Some(Rc::clone(&wal));
+            let third = wal.append(&sample_batch()).expect("append");
+            let failed = wal.wait_durable(third).await;
+            *disk.wal.borrow_mut() = None;
+            let fourth = disk.last_appended.get();
+            assert_eq!(fourth, 4, "seq 4 appended during seq 3's write");
+            assert!(failed.is_err(), "seq 3's fdatasync failed: {failed:?}");
+            let behind = wal.wait_durable(fourth).await;
+            assert!(
+                behind.is_err(),
+                "seq 4 reported durable behind a failed round"
+            );
+            assert_eq!(wal.synced_seq(), 2);
+            assert_eq!(disk.syncs.get(), 4, "no round after the failed one");
+            assert!(
+                wal.append(&sample_batch()).is_err(),
+                "the log is failed for good"
+            );
+            let _ = wal.shutdown().await;
+        });
     }
 
     #[test]
