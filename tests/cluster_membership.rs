@@ -391,4 +391,22 @@ fn a_member_is_replaced_and_the_leader_removed_under_load_losing_nothing() {
         Some("after restart\n"),
     );
     assert_eq!(code, 0, "a publish after the restart: {err}");
+
+    // A member's data directory does not start standalone.
+    cluster.kill9(last);
+    let dir = cluster.member(last).data_dir.display().to_string();
+    let output = std::process::Command::new(support::pinq_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--cpus", "0", "--data-dir", &dir])
+        .output()
+        .expect("run pinq serve");
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("holds a cluster member's data"), "{said}");
 }

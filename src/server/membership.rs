@@ -81,6 +81,22 @@ pub fn initial_members(cluster: &ClusterConfig, data_dir: &Path) -> anyhow::Resu
         .collect())
 }
 
+/// A standalone start on a cluster member's data directory (one that holds the member's
+/// address book) is refused: its shards' logs are Raft logs, not command logs.
+pub fn refuse_standalone_on_member_dir(config: &crate::config::Config) -> anyhow::Result<()> {
+    if config.cluster.is_some() || config.storage.engine == crate::config::StorageEngine::Memory {
+        return Ok(());
+    }
+    let book = address_book::path_in(&config.server.data_dir);
+    anyhow::ensure!(
+        !book.exists(),
+        "{} holds a cluster member's data ({} exists): start it as that member (--node-id with --peers or --join), not standalone",
+        config.server.data_dir.display(),
+        book.display()
+    );
+    Ok(())
+}
+
 /// Asks the member at `join` for the cluster's members (retrying for [`JOIN_QUERY_MAX`]), and
 /// checks this node's id is not another member's.
 fn ask_members(cluster: &ClusterConfig, join: &str) -> anyhow::Result<AddressBook> {

@@ -85,6 +85,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     anyhow::ensure!(count > 0, "server.cpus selects no CPU");
     limits::tune_allocator();
     check_engine(&config)?;
+    membership::refuse_standalone_on_member_dir(&config)?;
     let _data_dir_lock = match config.storage.engine {
         StorageEngine::Memory => None,
         _ => Some(exclusive::lock_data_dir(&config.server.data_dir)?),
