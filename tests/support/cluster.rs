@@ -25,34 +25,24 @@ use super::{on_executor, Server};
 /// bound with `SO_REUSEPORT`, so two members given one port would both start and share it.
 static PORTS_TAKEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
-/// Where [`free_port`] looks: below the OS's ephemeral ports.
-const PORT_RANGE: std::ops::Range<u16> = 20_000..32_000;
-
 /// Tries to find a free run of ports this many times before failing.
 const FREE_PORT_TRIES_MAX: usize = 100;
 
 /// A port nobody on 127.0.0.1 listens on now, with the `following` ports after it free too
 /// (a member's shard ports default to its client port + 1, + 2, …), none of them handed out
 /// by this process before.
-///
-/// The ports come from below Linux's ephemeral range (32768–60999 by default), never from it:
-/// a port the OS hands out for `127.0.0.1:0` (another test's broker) or for an outgoing
-/// connection could otherwise take a member's port between this probe and the member's bind.
-/// Each test process starts at its own place in the range (from its pid).
 pub fn free_port(following: u16) -> u16 {
     let mut taken = PORTS_TAKEN.lock().unwrap_or_else(|e| e.into_inner());
-    let span = u32::from(PORT_RANGE.end - PORT_RANGE.start);
-    let mut at = std::process::id().wrapping_mul(7919) % span;
     'probe: for _ in 0..FREE_PORT_TRIES_MAX {
-        let port = PORT_RANGE.start + (at % span) as u16;
-        at = at.wrapping_add(u32::from(following) + 1);
-        let Some(last) = port.checked_add(following).filter(|l| *l < PORT_RANGE.end) else {
+        let probe = TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
+        let port = probe.local_addr().expect("probe address").port();
+        let Some(last) = port.checked_add(following) else {
             continue;
         };
         if (port..=last).any(|p| taken.contains(&p)) {
             continue;
         }
-        for next in port..=last {
+        for next in port + 1..=last {
             if TcpListener::bind(("127.0.0.1", next)).is_err() {
                 continue 'probe;
             }
