@@ -168,6 +168,7 @@ pub async fn sync_members(
     node_id: u64,
 ) {
     let mut saved: Option<AddressBook> = None;
+    let mut peers_set: Option<BTreeMap<u64, SocketAddr>> = None;
     let mut failing: Option<String> = None;
     loop {
         for peer in transport.peers() {
@@ -194,7 +195,11 @@ pub async fn sync_members(
         }
         let book = book_of(&view.nodes());
         let peers: BTreeMap<u64, SocketAddr> = book.iter().map(|(id, a)| (*id, a.raft)).collect();
-        transport.set_peers(&peers);
+        // Only when they changed: the transport's peers and its `Hello` are rebuilt then.
+        if peers_set.as_ref() != Some(&peers) {
+            transport.set_peers(&peers);
+            peers_set = Some(peers);
+        }
         if saved.as_ref() != Some(&book) {
             match address_book::save(&data_dir, &book).await {
                 Ok(()) => {
