@@ -67,13 +67,13 @@ use crate::storage::{CommitPath, Logged, LsmOptions, StoreError, Sync};
 /// window).
 pub const PROPOSAL_BYTES_MAX: u64 = 8 << 20;
 mod membership;
+mod snapshot;
 
 pub use membership::MembershipNews;
 
-/// How long after a failed snapshot build the next one may start.
-const SNAPSHOT_RETRY_AFTER: Duration = Duration::from_secs(10);
-/// Keys read per page while building or installing a snapshot.
-const SNAPSHOT_PAGE_KEYS: usize = 4096;
+/// Keys read per page while building or installing a snapshot (a page's values are in memory
+/// at once: at most this many messages).
+const SNAPSHOT_PAGE_KEYS: usize = 256;
 /// Raft messages queued for the transport before new ones are dropped (Raft retries).
 pub const OUTBOX_MESSAGES_MAX: usize = 4096;
 
@@ -147,13 +147,8 @@ pub struct ReplicatedStore {
     drops: Cell<RaftDrops>,
     leader_changes: Cell<u64>,
     recorder: RefCell<RaftRecorder>,
-    /// A snapshot is being built for a follower.
-    building_snapshot: Cell<bool>,
-    /// No snapshot is built before this (after a failed build: a scan of the whole shard is
-    /// not repeated at every ask of the raft core).
-    snapshot_not_before: Cell<std::time::Instant>,
-    snapshots_sent: Cell<u64>,
-    snapshots_installed: Cell<u64>,
+    /// Snapshot files built, served, pulled and installed (`snapshot.rs`).
+    snapshots: snapshot::Snapshots,
     /// Membership changes applied here, for the node's address book and `cluster status`.
     membership: membership::News,
     /// The driver stopped on this error (the shard watches `role_changed` and stops the node).
@@ -179,7 +174,7 @@ impl ReplicatedStore {
         };
         let Opened {
             engine,
-            applied_index,
+            mut applied_index,
             orphans,
         } = Engine::open_with(dir, options, LsmEnv::default()).await?;
         let mut raft_log = RaftLog::new(config.replica.voters.clone());
@@ -216,11 +211,26 @@ impl ReplicatedStore {
             preallocate_bytes,
         ));
         let genesis = membership::first_conf_record(&raft_log, &config.replica, engine.dir());
+        let snapshots = snapshot::Snapshots::default();
+        ReplicatedStore::clear_outgoing(engine.dir());
+        let interrupted = snapshot::read_marker(engine.dir())?;
+        let mut resumed = None;
+        if let Some(interrupted) = &interrupted {
+            resumed = snapshot::resume_log(&mut raft_log, interrupted)
+                .map_err(|e| crate::storage::corrupt(engine.dir(), e))?;
+            applied_index = interrupted.index();
+        }
+        *snapshots.interrupted.borrow_mut() = interrupted;
         let replica = Replica::new(&config.replica, raft_log, applied_index, &quiet_logger())
             .map_err(|e| raft_error(engine.dir(), e))?;
         if let Some(record) = genesis {
             let seq = wal.append(&record)?;
             record_index.push_back((seq, 0));
+        }
+        if let Some(record) = resumed {
+            let seq = wal.append(&record)?;
+            record_index.push_back((seq, record.last_index()));
+            snapshots.note_resumed_seq(seq);
         }
         let (kick_tx, kick_rx) = local_channel::new_bounded(1);
         let role = (replica.role(), false);
@@ -241,10 +251,7 @@ impl ReplicatedStore {
             drops: Cell::new(RaftDrops::default()),
             leader_changes: Cell::new(0),
             recorder: RefCell::new(RaftRecorder::default()),
-            building_snapshot: Cell::new(false),
-            snapshot_not_before: Cell::new(std::time::Instant::now()),
-            snapshots_sent: Cell::new(0),
-            snapshots_installed: Cell::new(0),
+            snapshots,
             membership: membership::News::default(),
             failure: RefCell::new(None),
         })
@@ -270,7 +277,11 @@ impl ReplicatedStore {
     /// the log is at its byte cap with a flush on its way (the bound the leader's own commits
     /// keep, `CommitPath::must_wait_for_room`): they are left unanswered, counted, and the
     /// leader sends them again.
-    pub fn step(&self, message: Message) {
+    pub fn step(self: &Rc<Self>, message: Message) {
+        if message.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot {
+            self.snapshot_traffic(message);
+            return;
+        }
         if message.get_msg_type() == raft::eraftpb::MessageType::MsgAppend
             && !message.entries.is_empty()
             && self.path.must_wait_for_room()
@@ -338,6 +349,10 @@ impl ReplicatedStore {
 
     /// The driver loop. See the module docs.
     async fn drive(self: Rc<Self>, kicks: LocalReceiver<()>) {
+        if let Err(e) = self.finish_interrupted_install().await {
+            self.stop(e);
+            return;
+        }
         let mut next_tick = std::time::Instant::now() + self.config.tick;
         while !self.closed.get() {
             // The log or the engine failed (a failed fdatasync is seen here even when no new
@@ -358,12 +373,8 @@ impl ReplicatedStore {
                 self.stop(e);
                 return;
             }
-            if self.replica.borrow().snapshot_wanted()
-                && !self.building_snapshot.get()
-                && std::time::Instant::now() >= self.snapshot_not_before.get()
-            {
-                self.building_snapshot.set(true);
-                glommio::spawn_local(Rc::clone(&self).build_snapshot()).detach();
+            if self.replica.borrow().snapshot_wanted() {
+                self.snapshot_asked();
             }
             let now = std::time::Instant::now();
             if now >= next_tick {
@@ -427,110 +438,6 @@ impl ReplicatedStore {
             self.apply(work.committed).await?;
             self.note_role();
         }
-    }
-
-    /// Builds a snapshot of the state machine at the applied index for a follower the log no
-    /// longer reaches, and offers it to the raft core (see `super::snapshot`).
-    async fn build_snapshot(self: Rc<Self>) {
-        let result = self.snapshot_data().await;
-        self.building_snapshot.set(false);
-        match result {
-            Ok(Some(snapshot)) => {
-                tracing::info!(
-                    dir = %self.path.engine().dir().display(),
-                    index = snapshot.get_metadata().index,
-                    bytes = snapshot.data.len(),
-                    "snapshot built for a follower behind the log"
-                );
-                self.replica.borrow_mut().offer_snapshot(snapshot);
-                self.kick();
-            }
-            Ok(None) => {}
-            Err(e) => {
-                self.snapshot_not_before
-                    .set(std::time::Instant::now() + SNAPSHOT_RETRY_AFTER);
-                tracing::warn!(dir = %self.path.engine().dir().display(), "cannot build a snapshot for a follower (next try in {SNAPSHOT_RETRY_AFTER:?}): {e}");
-            }
-        }
-    }
-
-    async fn snapshot_data(&self) -> Result<Option<raft::eraftpb::Snapshot>, String> {
-        let Some((index, term, conf_state)) = self.replica.borrow().snapshot_point() else {
-            return Ok(None);
-        };
-        let mut writer = super::snapshot::SnapshotWriter::new(self.config.entry_bytes_max);
-        let mut start: Key = Key::new();
-        loop {
-            let rows = self
-                .path
-                .engine()
-                .scan(&start, None, SNAPSHOT_PAGE_KEYS)
-                .await
-                .map_err(|e| e.to_string())?;
-            let Some((last, _)) = rows.last() else { break };
-            start = last.clone();
-            start.push(0);
-            let full = rows.len() == SNAPSHOT_PAGE_KEYS;
-            let high_water = self.path.engine().event_id_high_water();
-            for command in snapshot_page(rows, high_water) {
-                writer.push(&command).map_err(|e| e.to_string())?;
-            }
-            if !full {
-                break;
-            }
-            glommio::yield_if_needed().await;
-        }
-        writer
-            .push(&Command::Store {
-                messages: Vec::new(),
-                event_id_high_water: self.path.engine().event_id_high_water(),
-            })
-            .map_err(|e| e.to_string())?;
-        let mut snapshot = raft::eraftpb::Snapshot {
-            data: writer.finish().into(),
-            ..Default::default()
-        };
-        let meta = snapshot.mut_metadata();
-        meta.index = index;
-        meta.term = term;
-        meta.set_conf_state(conf_state);
-        Ok(Some(snapshot))
-    }
-
-    /// A follower installs the leader's snapshot: everything it held goes, the snapshot's
-    /// messages come in, the engine flushes (its tables then hold the snapshot's index), and
-    /// only then are the checkpoint and the Ready's other records written to the log.
-    async fn install_snapshot(
-        &self,
-        snapshot: raft::eraftpb::Snapshot,
-        deferred: Vec<RaftRecord>,
-    ) -> Result<(), StoreError> {
-        let index = snapshot.get_metadata().index;
-        let corrupt = |what: String| StoreError::Corrupt {
-            file: format!("snapshot at index {index} from the leader"),
-            what,
-        };
-        let commands = super::snapshot::decode(&snapshot.data).map_err(corrupt)?;
-        self.forget_messages(index).await?;
-        self.forget_sequences(index).await?;
-        self.forget_copy_records(index).await?;
-        for command in &commands {
-            self.apply_one(index, command).await?;
-        }
-        self.path.engine().flush().await?;
-        let mut last = 0;
-        for record in &deferred {
-            last = self.path.wal().append(record)?;
-            self.record_index
-                .borrow_mut()
-                .push_back((last, record.last_index()));
-        }
-        self.replica.borrow_mut().snapshot_written(index, last);
-        self.note_snapshot_membership();
-        self.snapshots_installed
-            .set(self.snapshots_installed.get() + 1);
-        tracing::info!(dir = %self.path.engine().dir().display(), index, commands = commands.len(), "installed a snapshot from the leader");
-        Ok(())
     }
 
     /// Deletes every message this follower held before a snapshot, a page at a time, each
@@ -652,7 +559,8 @@ impl ReplicatedStore {
         for to in snapshots {
             // Sent or dropped, the leader probes the follower again: a lost snapshot makes it
             // reject, and the core asks for one again.
-            self.snapshots_sent.set(self.snapshots_sent.get() + 1);
+            let sent = &self.snapshots.sent;
+            sent.set(sent.get() + 1);
             self.replica.borrow_mut().snapshot_sent(to);
         }
     }
@@ -756,6 +664,10 @@ impl ReplicatedStore {
                 // The engine failed for good: the driver must not outlive it.
                 self.stop(e);
                 break;
+            }
+            if self.snapshots.installing.get() {
+                // The engine's flushed index is the snapshot's, not yet the log's.
+                continue;
             }
             if let Err(e) = self.compact().await {
                 tracing::warn!(dir = %self.path.engine().dir().display(), "raft log compaction: {e}");
@@ -948,46 +860,71 @@ impl Log for ReplicatedStore {
 fn snapshot_page(
     rows: Vec<(Key, crate::message::Value)>,
     event_id_high_water: u64,
+    command_bytes: usize,
 ) -> Vec<Command> {
     let remember: Vec<_> = rows
         .iter()
         .filter(|(k, _)| crate::log::sequences::is_sequence_key(k))
         .filter_map(|(_, v)| crate::log::sequences::SequenceEntry::from_value(v.as_bytes()).ok())
         .collect();
-    let policies = rows
+    let policies: Vec<Command> = rows
         .iter()
         .filter(|(k, _)| Command::is_policy_key(k))
         .filter_map(|(_, v)| Command::decode(v.as_bytes()).ok())
-        .filter(|c| matches!(c, Command::GroupPolicy { .. }));
+        .filter(|c| matches!(c, Command::GroupPolicy { .. }))
+        .collect();
     let records: Vec<_> = rows
         .iter()
         .filter_map(|(k, v)| crate::log::copies::CopyRecord::from_row(k, v.as_bytes()).ok())
         .collect();
-    let mut commands: Vec<Command> = Vec::new();
-    let copies = (!records.is_empty()).then(|| Command::Copies {
-        records,
-        deleted: Vec::new(),
-        dropped: Vec::new(),
-    });
-    let policies: Vec<Command> = policies.collect();
-    let messages = rows
-        .into_iter()
-        .filter_map(|(k, v)| crate::key::EventKey::parse(&k).ok().map(|k| (k, v)))
-        .collect();
-    commands.push(if remember.is_empty() {
-        Command::Store {
-            messages,
-            event_id_high_water,
-        }
-    } else {
-        Command::StoreSequenced {
-            messages,
+    let mut commands = store_commands(rows, event_id_high_water, command_bytes);
+    if !remember.is_empty() {
+        commands.push(Command::StoreSequenced {
+            messages: Vec::new(),
             event_id_high_water,
             remember,
             forget: Vec::new(),
-        }
-    });
+        });
+    }
     commands.extend(policies);
-    commands.extend(copies);
+    if !records.is_empty() {
+        commands.push(Command::Copies {
+            records,
+            deleted: Vec::new(),
+            dropped: Vec::new(),
+        });
+    }
+    commands
+}
+
+/// A page's messages as `Store` commands of about `command_bytes` each (one message at least).
+fn store_commands(
+    rows: Vec<(Key, crate::message::Value)>,
+    event_id_high_water: u64,
+    command_bytes: usize,
+) -> Vec<Command> {
+    let mut commands = Vec::new();
+    let mut messages = Vec::new();
+    let mut bytes = 0;
+    for (k, v) in rows {
+        let Ok(key) = crate::key::EventKey::parse(&k) else {
+            continue;
+        };
+        if bytes + v.len() > command_bytes && !messages.is_empty() {
+            commands.push(Command::Store {
+                messages: std::mem::take(&mut messages),
+                event_id_high_water,
+            });
+            bytes = 0;
+        }
+        bytes += v.len() + k.len();
+        messages.push((key, v));
+    }
+    if !messages.is_empty() {
+        commands.push(Command::Store {
+            messages,
+            event_id_high_water,
+        });
+    }
     commands
 }

@@ -256,11 +256,16 @@ pub struct RaftDrops {
     /// A leader's entries left unanswered while this replica's log was at its byte cap with a
     /// flush on its way (`storage.walMaxBytes`); the leader sends them again.
     pub log_full: u64,
+    /// A snapshot chunk or chunk request left for later: the leader's chunk senders or the
+    /// follower's chunk queue were busy (the follower asks again).
+    pub snapshot_busy: u64,
+    /// A snapshot message that could not be read (damaged, or a kind this build does not know).
+    pub snapshot_malformed: u64,
 }
 
 impl RaftDrops {
     /// Each count with its `reason` label.
-    pub fn by_reason(&self) -> [(&'static str, u64); 8] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 10] {
         [
             ("outbox_full", self.outbox_full),
             ("to_transport_full", self.to_transport_full),
@@ -270,6 +275,8 @@ impl RaftDrops {
             ("oversize", self.oversize),
             ("inbound", self.inbound),
             ("log_full", self.log_full),
+            ("snapshot_busy", self.snapshot_busy),
+            ("snapshot_malformed", self.snapshot_malformed),
         ]
     }
 }

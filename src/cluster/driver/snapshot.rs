@@ -1,0 +1,700 @@
+//! The driver's part of snapshots (`crate::cluster::snapshot` holds the formats and the pull's
+//! bookkeeping): the leader builds the snapshot file once and serves its chunks; a follower
+//! pulls the file into a staging directory, steps the offer into its raft core once the file is
+//! whole, and installs it so that a crash at any point leaves the old state or the new one.
+//!
+//! **Files.** `<shard>/snapshot-out/<index>-<term>.snap` on a leader (one at a time, removed when
+//! a newer one replaces it and at start), `<shard>/snapshot-in/<leader>-<index>-<term>-<hash>.snap`
+//! on a follower (each written through, fdatasynced and its directory synced before it is used).
+//!
+//! **Install.** Before the engine is touched, `snapshot-in/INSTALLING` is written (atomically:
+//! a temporary file, fdatasync, rename, directory sync) naming the staged file, the snapshot's
+//! index, term and membership. Then the follower's messages, publish entries and copy records
+//! go, the file's commands come in, the engine flushes, the checkpoint (and the Ready's other
+//! records) are made durable, and only then is the marker removed. A crash before the marker
+//! leaves the old state (the engine was not touched); a crash after it leaves a marker, and the
+//! next start installs the staged file again before the replica does anything else (every
+//! step is idempotent: everything is dropped and the same commands applied), so the node ends
+//! with the new state. The engine's manifest may carry the snapshot's index from a flush in the
+//! middle of an install; the marker is what makes that state count as unfinished.
+
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use raft::eraftpb::{ConfState, Message, MessageType, Snapshot};
+use xxhash_rust::xxh3::Xxh3;
+
+use super::{snapshot_page, ReplicatedStore, SNAPSHOT_PAGE_KEYS};
+use crate::cluster::raft_log::RaftLog;
+use crate::cluster::record::RaftRecord;
+use crate::cluster::snapshot::{
+    classify, encode_chunk, push_command, Chunk, ChunkRequest, CommandReader, Descriptor, Fetch,
+    SnapshotId, Taken, Traffic,
+};
+use crate::key::Key;
+use crate::log::wal::Payload;
+use crate::ops::ratelimit::monotonic_ms;
+use crate::storage::io::{self as dio, DmaWriter};
+use crate::storage::signal::Signal;
+use crate::storage::{corrupt, StoreError};
+
+/// How long after a failed snapshot build the next one may start.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+/// Largest chunk (smaller when `cluster.maxFrameBytes` is small).
+const CHUNK_BYTES_MAX: usize = 1 << 20;
+/// Bytes of the snapshot file read at a time while installing it.
+const READ_BYTES: usize = 1 << 20;
+/// Messages of a page grouped into one `Store` command, by bytes.
+const COMMAND_BYTES: usize = 1 << 20;
+/// Chunk-serving tasks a leader runs at once (a request beyond them is dropped: the follower
+/// asks again).
+const SERVERS_MAX: usize = 4;
+/// Chunks a follower queues between its transport and its writer.
+const QUEUE_CHUNKS: usize = 2 * crate::cluster::snapshot::WINDOW_CHUNKS as usize;
+/// How often a pulling follower looks at its progress.
+const PULL_TICK: Duration = Duration::from_millis(100);
+const OUT_DIR: &str = "snapshot-out";
+const IN_DIR: &str = "snapshot-in";
+const MARKER: &str = "INSTALLING";
+const MARKER_TMP: &str = "INSTALLING.tmp";
+
+/// A shard's snapshot state, both roles.
+#[derive(Default)]
+pub(super) struct Snapshots {
+    /// Leader: the file offered now.
+    outgoing: RefCell<Option<Outgoing>>,
+    building: Cell<bool>,
+    not_before: Cell<Option<Instant>>,
+    serving: Cell<usize>,
+    /// Follower: the pull in progress.
+    incoming: RefCell<Option<Incoming>>,
+    /// Follower: whole files whose offers were stepped, by snapshot.
+    staged: RefCell<Vec<(SnapshotId, PathBuf)>>,
+    /// An install started before the last stop and must be finished first.
+    pub(super) interrupted: RefCell<Option<Interrupted>>,
+    /// Set while an install runs: the reclaimer does not compact meanwhile.
+    pub(super) installing: Cell<bool>,
+    /// The checkpoint record written at open for an unfinished install.
+    resumed_seq: Cell<u64>,
+    pub(super) sent: Cell<u64>,
+    pub(super) installed: Cell<u64>,
+    pub(super) chunks_sent: Cell<u64>,
+    pub(super) chunks_received: Cell<u64>,
+}
+
+struct Outgoing {
+    descriptor: Descriptor,
+    path: PathBuf,
+}
+
+struct Incoming {
+    fetch: Fetch,
+    offer: Message,
+    queue: Vec<Message>,
+    arrived: Rc<Signal>,
+}
+
+/// What the marker of an unfinished install says.
+pub(super) struct Interrupted {
+    descriptor: Descriptor,
+    conf: ConfState,
+}
+
+impl ReplicatedStore {
+    fn chunk_bytes(&self) -> u32 {
+        let fit = (self.config.entry_bytes_max / 2) / dio::WRITE_ALIGN * dio::WRITE_ALIGN;
+        fit.clamp(dio::WRITE_ALIGN, CHUNK_BYTES_MAX) as u32
+    }
+
+    /// Raft asked for a snapshot to send: build one unless a build runs or failed lately.
+    pub(super) fn snapshot_asked(self: &Rc<Self>) {
+        let s = &self.snapshots;
+        if s.building.get() || s.not_before.get().is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        s.building.set(true);
+        glommio::spawn_local(Rc::clone(self).build_snapshot()).detach();
+    }
+
+    /// Builds the snapshot file at the applied index and offers it to the raft core.
+    async fn build_snapshot(self: Rc<Self>) {
+        let result = self.snapshot_file().await;
+        self.snapshots.building.set(false);
+        match result {
+            Ok(Some(snapshot)) => {
+                self.replica.borrow_mut().offer_snapshot(snapshot);
+                self.kick();
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.snapshots
+                    .not_before
+                    .set(Some(Instant::now() + RETRY_AFTER));
+                tracing::warn!(dir = %self.dir().display(), "cannot build a snapshot for a follower (next try in {RETRY_AFTER:?}): {e}");
+            }
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        self.path.engine().dir()
+    }
+
+    async fn snapshot_file(&self) -> Result<Option<Snapshot>, StoreError> {
+        let Some((index, term, conf_state)) = self.replica.borrow().snapshot_point() else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let out_dir = self.dir().join(OUT_DIR);
+        std::fs::create_dir_all(&out_dir).map_err(|e| crate::storage::io_error(&out_dir, e))?;
+        let path = out_dir.join(format!("{index}-{term}.snap"));
+        let tmp = path.with_extension("tmp");
+        let (bytes, commands, hash) = self.write_state(&tmp).await?;
+        dio::rename(&tmp, &path).await?;
+        dio::sync_dir(&out_dir).await?;
+        let descriptor = Descriptor {
+            leader: self.config.replica.id,
+            index,
+            term,
+            bytes,
+            commands,
+            chunk_bytes: self.chunk_bytes(),
+            hash,
+        };
+        let old = self.snapshots.outgoing.replace(Some(Outgoing {
+            descriptor,
+            path: path.clone(),
+        }));
+        if let Some(old) = old.filter(|o| o.path != path) {
+            let _ = dio::remove(&old.path).await;
+        }
+        tracing::info!(dir = %self.dir().display(), index, bytes, commands, took = ?started.elapsed(), "snapshot built for a follower behind the log");
+        let mut snapshot = Snapshot {
+            data: descriptor.encode().into(),
+            ..Default::default()
+        };
+        let meta = snapshot.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(conf_state);
+        Ok(Some(snapshot))
+    }
+
+    /// Writes the state machine's commands to `path`: (bytes, commands, xxh3).
+    async fn write_state(&self, path: &Path) -> Result<(u64, u64, u64), StoreError> {
+        let mut writer = DmaWriter::create(path, CHUNK_BYTES_MAX).await?;
+        let mut hasher = Xxh3::new();
+        let mut commands = 0u64;
+        let mut buf = Vec::new();
+        let mut start = Key::new();
+        loop {
+            let rows = self
+                .path
+                .engine()
+                .scan(&start, None, SNAPSHOT_PAGE_KEYS)
+                .await?;
+            let full = rows.len() == SNAPSHOT_PAGE_KEYS;
+            if let Some((last, _)) = rows.last() {
+                start = last.clone();
+                start.push(0);
+            }
+            let high_water = self.path.engine().event_id_high_water();
+            for command in snapshot_page(rows, high_water, COMMAND_BYTES) {
+                push_command(&mut buf, &command);
+                commands += 1;
+            }
+            if !full {
+                // The high-water mark as of the end of the scan, in its own command.
+                push_command(
+                    &mut buf,
+                    &crate::log::Command::Store {
+                        messages: Vec::new(),
+                        event_id_high_water: high_water,
+                    },
+                );
+                commands += 1;
+            }
+            hasher.update(&buf);
+            if let Err(e) = writer.append(&buf).await {
+                writer.abandon().await;
+                return Err(e);
+            }
+            buf.clear();
+            if !full {
+                break;
+            }
+        }
+        let bytes = writer.finish().await?;
+        Ok((bytes, commands, hasher.digest()))
+    }
+
+    /// A `MsgSnapshot` from a peer: an offer, a chunk, or a request for chunks.
+    pub(super) fn snapshot_traffic(self: &Rc<Self>, message: Message) {
+        let traffic = classify(&message.get_snapshot().data[..]);
+        match traffic {
+            Ok(Traffic::Offer(d)) => self.offered(d, message),
+            Ok(Traffic::Request(r)) => self.chunks_requested(message.from, r),
+            Ok(Traffic::Chunk(c)) => {
+                let id = c.id;
+                self.chunk_arrived(id, message);
+            }
+            Err(e) => {
+                self.count_drops(|d| d.snapshot_malformed += 1);
+                tracing::debug!(dir = %self.dir().display(), from = message.from, "snapshot message refused: {e}");
+            }
+        }
+    }
+
+    /// Sends one message of the snapshot stream (not through `send`: only offers are what the
+    /// raft core's snapshot accounting counts).
+    fn send_stream(&self, to: u64, data: Vec<u8>) {
+        let mut message = Message::default();
+        message.set_msg_type(MessageType::MsgSnapshot);
+        message.to = to;
+        message.from = self.config.replica.id;
+        message.mut_snapshot().data = data.into();
+        if self.outbox.try_send(vec![message]).is_err() {
+            self.count_drops(|d| d.outbox_full += 1);
+        }
+    }
+
+    fn chunks_requested(self: &Rc<Self>, from: u64, request: ChunkRequest) {
+        let target = self
+            .snapshots
+            .outgoing
+            .borrow()
+            .as_ref()
+            .filter(|o| o.descriptor.id() == request.id)
+            .map(|o| (o.descriptor, o.path.clone()));
+        let Some((descriptor, path)) = target else {
+            return; // An older snapshot: the follower gives it up and takes the next offer.
+        };
+        if self.snapshots.serving.get() >= SERVERS_MAX {
+            self.count_drops(|d| d.snapshot_busy += 1);
+            return;
+        }
+        self.snapshots.serving.set(self.snapshots.serving.get() + 1);
+        let me = Rc::clone(self);
+        glommio::spawn_local(async move {
+            if let Err(e) = me.serve_chunks(from, descriptor, &path, request).await {
+                tracing::warn!(dir = %me.dir().display(), to = from, "cannot send snapshot chunks: {e}");
+            }
+            me.snapshots.serving.set(me.snapshots.serving.get() - 1);
+        })
+        .detach();
+    }
+
+    async fn serve_chunks(
+        &self,
+        to: u64,
+        d: Descriptor,
+        path: &Path,
+        request: ChunkRequest,
+    ) -> Result<(), StoreError> {
+        let window = crate::cluster::snapshot::WINDOW_CHUNKS;
+        let end = (request.first + u64::from(request.count).min(window)).min(d.chunks());
+        let file = dio::open_read(path).await?;
+        for number in request.first..end {
+            let (at, len) = d.chunk_range(number);
+            let read = match dio::read_exact_at(&file, path, at, len).await {
+                Ok(read) => read,
+                Err(e) => {
+                    let _ = dio::close(file, path).await;
+                    return Err(e);
+                }
+            };
+            self.send_stream(to, encode_chunk(&request.id, number, &read));
+            self.snapshots
+                .chunks_sent
+                .set(self.snapshots.chunks_sent.get() + 1);
+        }
+        dio::close(file, path).await
+    }
+
+    /// An offer: pull its file unless this pull runs already, or step it if the file is here.
+    fn offered(self: &Rc<Self>, d: Descriptor, offer: Message) {
+        if self.staged_path(&d.id()).is_some() {
+            self.step_offer(offer);
+            return;
+        }
+        let mut incoming = self.snapshots.incoming.borrow_mut();
+        if incoming.as_ref().is_some_and(|i| i.fetch.descriptor == d) {
+            return;
+        }
+        let arrived = Rc::new(Signal::default());
+        *incoming = Some(Incoming {
+            fetch: Fetch::new(d, monotonic_ms()),
+            offer,
+            queue: Vec::new(),
+            arrived: Rc::clone(&arrived),
+        });
+        drop(incoming);
+        tracing::info!(dir = %self.dir().display(), leader = d.leader, index = d.index, bytes = d.bytes, "pulling a snapshot from the leader");
+        glommio::spawn_local(Rc::clone(self).pull(d)).detach();
+    }
+
+    fn step_offer(&self, offer: Message) {
+        if self.replica.borrow_mut().step(offer).is_ok() {
+            self.kick();
+        }
+    }
+
+    fn chunk_arrived(&self, id: SnapshotId, message: Message) {
+        let mut incoming = self.snapshots.incoming.borrow_mut();
+        let Some(i) = incoming.as_mut().filter(|i| i.fetch.descriptor.id() == id) else {
+            return;
+        };
+        if i.queue.len() >= QUEUE_CHUNKS {
+            self.count_drops(|d| d.snapshot_busy += 1);
+            return;
+        }
+        i.queue.push(message);
+        i.arrived.notify();
+    }
+
+    /// Pulls the file of offer `d`; when it is whole, steps the offer into the raft core.
+    async fn pull(self: Rc<Self>, d: Descriptor) {
+        let started = Instant::now();
+        let result = self.pull_file(d).await;
+        let offer = {
+            let mut incoming = self.snapshots.incoming.borrow_mut();
+            let mine = incoming.as_ref().is_some_and(|i| i.fetch.descriptor == d);
+            if mine {
+                incoming.take().map(|i| i.offer)
+            } else {
+                None
+            }
+        };
+        match (result, offer) {
+            (Ok(path), Some(offer)) => {
+                tracing::info!(dir = %self.dir().display(), index = d.index, bytes = d.bytes, took = ?started.elapsed(), "snapshot pulled");
+                self.snapshots.staged.borrow_mut().push((d.id(), path));
+                self.step_offer(offer);
+            }
+            (Ok(path), None) => {
+                let _ = dio::remove(&path).await;
+            }
+            (Err(e), _) => {
+                tracing::warn!(dir = %self.dir().display(), index = d.index, "snapshot pull given up (the leader offers again): {e}");
+            }
+        }
+    }
+
+    fn staged_path(&self, id: &SnapshotId) -> Option<PathBuf> {
+        let staged = self.snapshots.staged.borrow();
+        staged.iter().find(|(s, _)| s == id).map(|(_, p)| p.clone())
+    }
+
+    async fn pull_file(&self, d: Descriptor) -> Result<PathBuf, StoreError> {
+        let dir = self.dir().join(IN_DIR);
+        std::fs::create_dir_all(&dir).map_err(|e| crate::storage::io_error(&dir, e))?;
+        let path = dir.join(format!(
+            "{}-{}-{}-{:016x}.snap",
+            d.leader, d.index, d.term, d.hash
+        ));
+        let mut writer = DmaWriter::create(&path, d.chunk_bytes as usize).await?;
+        let mut hasher = Xxh3::new();
+        let pulled = self.pull_chunks(d, &mut writer, &mut hasher).await;
+        if let Err(e) = pulled {
+            writer.abandon().await;
+            return Err(e);
+        }
+        let bytes = writer.finish().await?;
+        dio::sync_dir(&dir).await?;
+        if bytes != d.bytes || hasher.digest() != d.hash {
+            let _ = dio::remove(&path).await;
+            return Err(corrupt(
+                &path,
+                "the pulled snapshot does not match its offer's hash",
+            ));
+        }
+        Ok(path)
+    }
+
+    async fn pull_chunks(
+        &self,
+        d: Descriptor,
+        writer: &mut DmaWriter,
+        hasher: &mut Xxh3,
+    ) -> Result<(), StoreError> {
+        let gone = || corrupt(self.dir(), "the snapshot pull was replaced or stopped");
+        loop {
+            let (requests, arrived, signal, complete) = {
+                let mut incoming = self.snapshots.incoming.borrow_mut();
+                let i = incoming
+                    .as_mut()
+                    .filter(|i| i.fetch.descriptor == d && !self.closed.get())
+                    .ok_or_else(gone)?;
+                if let Err(e) = i.fetch.due(monotonic_ms()) {
+                    incoming.take();
+                    return Err(corrupt(self.dir(), e.to_string()));
+                }
+                let requests: Vec<ChunkRequest> =
+                    std::iter::from_fn(|| i.fetch.request()).collect();
+                let arrived = std::mem::take(&mut i.queue);
+                (requests, arrived, Rc::clone(&i.arrived), i.fetch.complete())
+            };
+            if complete {
+                return Ok(());
+            }
+            for r in requests {
+                self.send_stream(d.leader, r.encode());
+            }
+            for message in arrived {
+                self.write_chunk(d, &message, writer, hasher).await?;
+            }
+            let wait = signal.wait();
+            futures_lite::future::or(wait, async {
+                glommio::timer::sleep(PULL_TICK).await;
+            })
+            .await;
+        }
+    }
+
+    async fn write_chunk(
+        &self,
+        d: Descriptor,
+        message: &Message,
+        writer: &mut DmaWriter,
+        hasher: &mut Xxh3,
+    ) -> Result<(), StoreError> {
+        let Ok(Traffic::Chunk(chunk)) = classify(&message.get_snapshot().data[..]) else {
+            return Ok(());
+        };
+        if !self.take_chunk(d, &chunk) {
+            return Ok(());
+        }
+        hasher.update(chunk.bytes);
+        writer.append(chunk.bytes).await?;
+        self.snapshots
+            .chunks_received
+            .set(self.snapshots.chunks_received.get() + 1);
+        Ok(())
+    }
+
+    fn take_chunk(&self, d: Descriptor, chunk: &Chunk<'_>) -> bool {
+        let mut incoming = self.snapshots.incoming.borrow_mut();
+        incoming
+            .as_mut()
+            .filter(|i| i.fetch.descriptor == d)
+            .is_some_and(|i| i.fetch.take(chunk, monotonic_ms()) == Taken::Write)
+    }
+
+    /// A follower installs the leader's snapshot (see the module docs).
+    pub(super) async fn install_snapshot(
+        &self,
+        snapshot: Snapshot,
+        deferred: Vec<RaftRecord>,
+    ) -> Result<(), StoreError> {
+        let meta = snapshot.get_metadata();
+        let index = meta.index;
+        let Ok(Traffic::Offer(d)) = classify(&snapshot.data[..]) else {
+            return Err(corrupt(
+                self.dir(),
+                format!("the snapshot at index {index} is not an offer"),
+            ));
+        };
+        let path = self.staged_path(&d.id()).ok_or_else(|| {
+            corrupt(
+                self.dir(),
+                format!("the snapshot at index {index} was not pulled"),
+            )
+        })?;
+        self.snapshots.installing.set(true);
+        write_marker(self.dir(), &d, meta.get_conf_state()).await?;
+        self.load_staged(&d, &path).await?;
+        let mut last = 0;
+        for record in &deferred {
+            last = self.path.wal().append(record)?;
+            self.record_index
+                .borrow_mut()
+                .push_back((last, record.last_index()));
+        }
+        self.path.wal().wait_durable(last).await?;
+        self.finish_install().await?;
+        self.replica.borrow_mut().snapshot_written(index, last);
+        self.note_snapshot_membership();
+        let s = &self.snapshots;
+        s.installed.set(s.installed.get() + 1);
+        tracing::info!(dir = %self.dir().display(), index, bytes = d.bytes, commands = d.commands, "installed a snapshot from the leader");
+        Ok(())
+    }
+
+    /// The engine takes the staged file's state: everything it held goes, the file's commands
+    /// come in, and the engine flushes.
+    async fn load_staged(&self, d: &Descriptor, path: &Path) -> Result<(), StoreError> {
+        self.forget_messages(d.index).await?;
+        self.forget_sequences(d.index).await?;
+        self.forget_copy_records(d.index).await?;
+        let file = dio::open_read(path).await?;
+        let mut reader = CommandReader::new(self.config.entry_bytes_max.max(COMMAND_BYTES * 2));
+        let mut at = 0u64;
+        let result = async {
+            while at < d.bytes {
+                let len = (d.bytes - at).min(READ_BYTES as u64) as usize;
+                let read = dio::read_exact_at(&file, path, at, len).await?;
+                at += len as u64;
+                let commands = reader
+                    .feed(&read)
+                    .map_err(|e| corrupt(path, e.to_string()))?;
+                for command in &commands {
+                    self.apply_one(d.index, command).await?;
+                }
+            }
+            reader
+                .finish(d.commands)
+                .map_err(|e| corrupt(path, e.to_string()))
+        }
+        .await;
+        dio::close(file, path).await?;
+        result?;
+        self.path.engine().flush().await
+    }
+
+    /// The install is durable: the marker and the staged files go.
+    async fn finish_install(&self) -> Result<(), StoreError> {
+        let dir = self.dir().join(IN_DIR);
+        dio::remove(&dir.join(MARKER)).await?;
+        dio::sync_dir(&dir).await?;
+        for (_, path) in self.snapshots.staged.borrow_mut().drain(..) {
+            let _ = std::fs::remove_file(path);
+        }
+        self.snapshots.installing.set(false);
+        Ok(())
+    }
+
+    /// After a restart: finishes the install a crash interrupted (see the module docs), before
+    /// the driver does anything else.
+    pub(super) async fn finish_interrupted_install(&self) -> Result<(), StoreError> {
+        let Some(interrupted) = self.snapshots.interrupted.borrow_mut().take() else {
+            return Ok(());
+        };
+        let d = interrupted.descriptor;
+        tracing::info!(dir = %self.dir().display(), index = d.index, "finishing a snapshot install a stop interrupted");
+        self.snapshots.installing.set(true);
+        let path = staged_file(self.dir(), &d);
+        self.load_staged(&d, &path).await?;
+        self.path
+            .wal()
+            .wait_durable(self.snapshots.resumed_seq.get())
+            .await?;
+        self.snapshots.staged.borrow_mut().push((d.id(), path));
+        self.finish_install().await?;
+        self.note_snapshot_membership();
+        Ok(())
+    }
+
+    /// Removes the leader's snapshot files left from before this start.
+    pub(super) fn clear_outgoing(dir: &Path) {
+        let _ = std::fs::remove_dir_all(dir.join(OUT_DIR));
+    }
+}
+
+fn staged_file(dir: &Path, d: &Descriptor) -> PathBuf {
+    dir.join(IN_DIR).join(format!(
+        "{}-{}-{}-{:016x}.snap",
+        d.leader, d.index, d.term, d.hash
+    ))
+}
+
+/// Writes the install marker atomically.
+async fn write_marker(dir: &Path, d: &Descriptor, conf: &ConfState) -> Result<(), StoreError> {
+    let in_dir = dir.join(IN_DIR);
+    let mut bytes = d.encode();
+    let record = RaftRecord::Conf {
+        index: d.index,
+        conf_state: conf.clone(),
+    };
+    record.encode_into(&mut bytes);
+    bytes.extend_from_slice(&crc32c::crc32c(&bytes).to_le_bytes());
+    let tmp = in_dir.join(MARKER_TMP);
+    let mut writer = DmaWriter::create(&tmp, bytes.len()).await?;
+    writer.append(&bytes).await?;
+    writer.finish().await?;
+    dio::rename(&tmp, &in_dir.join(MARKER)).await?;
+    dio::sync_dir(&in_dir).await
+}
+
+/// At open: the marker of an install a crash interrupted, if there is one. Its staged file
+/// must be whole (it was made durable before the marker); anything else is corruption the
+/// node cannot repair itself.
+pub(super) fn read_marker(dir: &Path) -> Result<Option<Interrupted>, StoreError> {
+    let path = dir.join(IN_DIR).join(MARKER);
+    let bytes = match dio::read_blocking(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            remove_leftovers(dir);
+            return Ok(None);
+        }
+        Err(e) => return Err(crate::storage::io_error(&path, e)),
+    };
+    let damaged = |what: &str| {
+        corrupt(&path, format!("snapshot install marker {what}: move the shard's directory aside and let the node be re-seeded"))
+    };
+    let (body, crc) = bytes
+        .split_last_chunk::<4>()
+        .ok_or_else(|| damaged("truncated"))?;
+    if crc32c::crc32c(body) != u32::from_le_bytes(*crc) || body.len() < 53 {
+        return Err(damaged("fails its checksum"));
+    }
+    let Ok(Traffic::Offer(descriptor)) = classify(&body[..53]) else {
+        return Err(damaged("names no snapshot"));
+    };
+    let Ok(RaftRecord::Conf { conf_state, .. }) = RaftRecord::decode(&body[53..]) else {
+        return Err(damaged("holds no membership"));
+    };
+    let staged = staged_file(dir, &descriptor);
+    let len = std::fs::metadata(&staged).map(|m| m.len()).ok();
+    if len != Some(descriptor.bytes) {
+        return Err(damaged("names a staged file that is missing or short"));
+    }
+    Ok(Some(Interrupted {
+        descriptor,
+        conf: conf_state,
+    }))
+}
+
+/// Staged files of pulls that never completed an install.
+fn remove_leftovers(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir.join(IN_DIR));
+}
+
+/// At open, with an unfinished install: the raft log starts at the snapshot (as the install's
+/// checkpoint would have made it). Returns the checkpoint record to write, if the log did not
+/// reach it before the stop.
+pub(super) fn resume_log(
+    log: &mut RaftLog,
+    interrupted: &Interrupted,
+) -> Result<Option<RaftRecord>, String> {
+    let d = &interrupted.descriptor;
+    if log.base().0 >= d.index {
+        return Ok(None);
+    }
+    let mut hard_state = log.hard_state().clone();
+    if hard_state.term < d.term {
+        hard_state.term = d.term;
+        hard_state.vote = 0;
+    }
+    hard_state.commit = hard_state.commit.max(d.index);
+    let record = RaftRecord::Checkpoint {
+        index: d.index,
+        term: d.term,
+        hard_state,
+        conf: Some(interrupted.conf.clone()),
+    };
+    log.apply_record(&record)?;
+    Ok(Some(record))
+}
+
+impl Snapshots {
+    pub(super) fn note_resumed_seq(&self, seq: u64) {
+        self.resumed_seq.set(seq);
+    }
+}
+
+impl Interrupted {
+    pub(super) fn index(&self) -> u64 {
+        self.descriptor.index
+    }
+}
