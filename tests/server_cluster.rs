@@ -908,3 +908,110 @@ async fn within<T>(limit: Duration, future: impl std::future::Future<Output = T>
     })
     .await
 }
+
+/// The file under `dir` (recursively) named `name`, if there is one.
+fn find_file(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find_file(&path, name) {
+                return Some(found);
+            }
+        } else if path.file_name().is_some_and(|n| n == name) {
+            return Some(path);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_snapshot_larger_than_a_frame_streams_and_kills_during_its_install_leave_a_node_that_converges()
+{
+    let _serial = serial();
+    // Frames of at most 2 MiB: the shard's ~24 MiB of live messages could never travel as one
+    // Raft message; they stream in chunks below a frame.
+    let env = [
+        ENV[0],
+        ("PINQ_CLUSTER_LOG_RETAIN_ENTRIES", "1"),
+        ("PINQ_CLUSTER_MAX_FRAME_BYTES", "2MiB"),
+        ("PINQ_STORAGE_MEMTABLE_BYTES", "1MiB"),
+        ("PINQ_PUBLISH_MAX_MESSAGE_BYTES", "64KiB"),
+        ("RUST_LOG", "warn,pinq::cluster::driver=info"),
+    ];
+    let mut cluster = Cluster::start(3, &env);
+    let leader = cluster.wait_for_leader(SHARD, &cluster.ids(), FIRST_ELECTION_TIMEOUT);
+    let follower = cluster.ids().into_iter().find(|&id| id != leader).unwrap();
+    cluster.kill9(follower);
+    let filler = "s".repeat(16 << 10);
+    let mut total = 0;
+    // Batches of 1 MiB: one publish command is one Raft entry, below a frame.
+    for round in 0..24 {
+        let batch: Vec<String> = (0..64).map(|i| format!("{round}-{i}-{filler}")).collect();
+        total += batch.len();
+        publish(&cluster.addr(leader), "big", &batch);
+    }
+    // Let the leader flush and compact its log past what the follower has.
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Kill the follower right after it pulled the file (or, once a kill landed mid-install,
+    // right after the restart began to finish it), at a few delays: each kill lands before,
+    // during or after an install, and each restart must still converge.
+    let mut killed_mid_install = 0;
+    for delay_ms in [0u64, 60, 200] {
+        cluster.start_node(follower);
+        // The pull's end, or (after a kill that landed mid-install) the restart's finishing of
+        // the install.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut seen = Vec::new();
+        while !seen.iter().any(|l: &String| {
+            l.contains("snapshot pulled") || l.contains("finishing a snapshot install")
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "node {follower} neither pulled nor finished a snapshot:\n{}",
+                seen.join("\n")
+            );
+            seen.extend(cluster.server(follower).drain_output());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        cluster.kill9(follower);
+        if find_file(&cluster.member(follower).data_dir, "INSTALLING").is_some() {
+            killed_mid_install += 1;
+        }
+    }
+    assert!(
+        killed_mid_install > 0,
+        "no kill landed while the install's marker was on disk"
+    );
+    cluster.start_node(follower);
+    wait_caught_up(&cluster, follower, leader, Duration::from_secs(30));
+    assert!(
+        find_file(&cluster.member(follower).data_dir, "INSTALLING").is_none(),
+        "the install finished and its marker is gone"
+    );
+
+    // The follower's state is the leader's: it alone with the leader makes a quorum, then it
+    // leads and delivers everything (the other member comes back empty).
+    let other = cluster
+        .ids()
+        .into_iter()
+        .find(|&id| id != leader && id != follower)
+        .unwrap();
+    cluster.kill9(other);
+    publish(&cluster.addr(leader), "big", &["after".to_string()]);
+    cluster.kill9(leader);
+    std::fs::remove_dir_all(&cluster.member(other).data_dir).unwrap();
+    cluster.start_node(other);
+    let new_leader = cluster.wait_for_leader(SHARD, &[follower, other], Duration::from_secs(15));
+    assert_eq!(new_leader, follower, "the node with the log leads");
+    let got = consume(
+        &cluster.addr(follower),
+        "big",
+        "g",
+        total + 1,
+        Duration::from_secs(30),
+    );
+    assert_eq!(got.len(), total + 1, "every message is delivered once");
+    assert_eq!(set(&got).len(), total + 1, "no message twice");
+}
