@@ -19,6 +19,7 @@
 //! middle of an install; the marker is what makes that state count as unfinished.
 
 use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -48,9 +49,8 @@ const CHUNK_BYTES_MAX: usize = 1 << 20;
 const READ_BYTES: usize = 1 << 20;
 /// Messages of a page grouped into one `Store` command, by bytes.
 const COMMAND_BYTES: usize = 1 << 20;
-/// Chunk-serving tasks a leader runs at once (a request beyond them is dropped: the follower
-/// asks again).
-const SERVERS_MAX: usize = 4;
+/// Requests a leader queues per follower (one more is dropped: the follower asks again).
+const QUEUED_REQUESTS_MAX: usize = crate::cluster::snapshot::WINDOW_CHUNKS as usize;
 /// Chunks a follower queues between its transport and its writer.
 const QUEUE_CHUNKS: usize = 2 * crate::cluster::snapshot::WINDOW_CHUNKS as usize;
 /// How often a pulling follower looks at its progress.
@@ -67,7 +67,9 @@ pub(super) struct Snapshots {
     outgoing: RefCell<Option<Outgoing>>,
     building: Cell<bool>,
     not_before: Cell<Option<Instant>>,
-    serving: Cell<usize>,
+    /// Leader: per follower, the requests its one serving task has yet to answer (in order:
+    /// the follower takes chunks in order only).
+    serving: RefCell<BTreeMap<u64, VecDeque<ChunkRequest>>>,
     /// Follower: the pull in progress.
     incoming: RefCell<Option<Incoming>>,
     /// Follower: whole files whose offers were stepped, by snapshot.
@@ -260,29 +262,48 @@ impl ReplicatedStore {
     }
 
     fn chunks_requested(self: &Rc<Self>, from: u64, request: ChunkRequest) {
-        let target = self
-            .snapshots
-            .outgoing
-            .borrow()
-            .as_ref()
-            .filter(|o| o.descriptor.id() == request.id)
-            .map(|o| (o.descriptor, o.path.clone()));
-        let Some((descriptor, path)) = target else {
-            return; // An older snapshot: the follower gives it up and takes the next offer.
-        };
-        if self.snapshots.serving.get() >= SERVERS_MAX {
-            self.count_drops(|d| d.snapshot_busy += 1);
+        let mut serving = self.snapshots.serving.borrow_mut();
+        if let Some(queue) = serving.get_mut(&from) {
+            if queue.len() >= QUEUED_REQUESTS_MAX {
+                self.count_drops(|d| d.snapshot_busy += 1);
+            } else {
+                queue.push_back(request);
+            }
             return;
         }
-        self.snapshots.serving.set(self.snapshots.serving.get() + 1);
-        let me = Rc::clone(self);
-        glommio::spawn_local(async move {
-            if let Err(e) = me.serve_chunks(from, descriptor, &path, request).await {
-                tracing::warn!(dir = %me.dir().display(), to = from, "cannot send snapshot chunks: {e}");
+        serving.insert(from, VecDeque::from([request]));
+        glommio::spawn_local(Rc::clone(self).serve(from)).detach();
+    }
+
+    /// Answers follower `to`'s requests in order until none is left.
+    async fn serve(self: Rc<Self>, to: u64) {
+        loop {
+            let next = self
+                .snapshots
+                .serving
+                .borrow_mut()
+                .get_mut(&to)
+                .and_then(VecDeque::pop_front);
+            let Some(request) = next else {
+                self.snapshots.serving.borrow_mut().remove(&to);
+                return;
+            };
+            let target = self
+                .snapshots
+                .outgoing
+                .borrow()
+                .as_ref()
+                .filter(|o| o.descriptor.id() == request.id)
+                .map(|o| (o.descriptor, o.path.clone()));
+            // An older snapshot's request is not answered: the follower gives it up and takes
+            // the next offer.
+            let Some((descriptor, path)) = target else {
+                continue;
+            };
+            if let Err(e) = self.serve_chunks(to, descriptor, &path, request).await {
+                tracing::warn!(dir = %self.dir().display(), to, "cannot send snapshot chunks: {e}");
             }
-            me.snapshots.serving.set(me.snapshots.serving.get() - 1);
-        })
-        .detach();
+        }
     }
 
     async fn serve_chunks(
@@ -420,11 +441,23 @@ impl ReplicatedStore {
     ) -> Result<(), StoreError> {
         let gone = || corrupt(self.dir(), "the snapshot pull was replaced or stopped");
         loop {
-            let (requests, arrived, signal, complete) = {
+            let arrived = {
                 let mut incoming = self.snapshots.incoming.borrow_mut();
                 let i = incoming
                     .as_mut()
                     .filter(|i| i.fetch.descriptor == d && !self.closed.get())
+                    .ok_or_else(gone)?;
+                std::mem::take(&mut i.queue)
+            };
+            for message in arrived {
+                self.write_chunk(d, &message, writer, hasher).await?;
+            }
+            // No await from here to the wait: a chunk arriving after this look wakes it.
+            let (requests, signal, complete, queued) = {
+                let mut incoming = self.snapshots.incoming.borrow_mut();
+                let i = incoming
+                    .as_mut()
+                    .filter(|i| i.fetch.descriptor == d)
                     .ok_or_else(gone)?;
                 if let Err(e) = i.fetch.due(monotonic_ms()) {
                     incoming.take();
@@ -432,8 +465,8 @@ impl ReplicatedStore {
                 }
                 let requests: Vec<ChunkRequest> =
                     std::iter::from_fn(|| i.fetch.request()).collect();
-                let arrived = std::mem::take(&mut i.queue);
-                (requests, arrived, Rc::clone(&i.arrived), i.fetch.complete())
+                let queued = !i.queue.is_empty();
+                (requests, Rc::clone(&i.arrived), i.fetch.complete(), queued)
             };
             if complete {
                 return Ok(());
@@ -441,14 +474,12 @@ impl ReplicatedStore {
             for r in requests {
                 self.send_stream(d.leader, r.encode());
             }
-            for message in arrived {
-                self.write_chunk(d, &message, writer, hasher).await?;
+            if !queued {
+                futures_lite::future::or(signal.wait(), async {
+                    glommio::timer::sleep(PULL_TICK).await;
+                })
+                .await;
             }
-            let wait = signal.wait();
-            futures_lite::future::or(wait, async {
-                glommio::timer::sleep(PULL_TICK).await;
-            })
-            .await;
         }
     }
 
