@@ -29,7 +29,7 @@ start() { # id
         --data-dir "$BASE/n$i/data" >> "$BASE/n$i/log" 2>&1 &
     echo $! > "$BASE/n$i/pid"
 }
-rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
+rss_kib() { v=$(awk '/VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null); echo "${v:-0}"; }
 for i in 1 2 3; do start "$i"; done
 sleep 3
 LEADER=$("$BIN" cluster status --server 127.0.0.1:18210 --json |

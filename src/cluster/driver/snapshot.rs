@@ -272,6 +272,7 @@ impl ReplicatedStore {
             return;
         }
         serving.insert(from, VecDeque::from([request]));
+        drop(serving);
         glommio::spawn_local(Rc::clone(self).serve(from)).detach();
     }
 
