@@ -98,16 +98,6 @@ struct Waiter {
 
 type Answer = oneshot::Receiver<Result<u64, StoreError>>;
 
-/// A command waiting for the driver to hand it to the raft core with the others queued beside
-/// it (see [`ReplicatedStore::propose_queued`]).
-struct Queued {
-    data: Vec<u8>,
-    /// Bytes of `proposal_room` it holds.
-    units: u64,
-    /// Its index once the leader appended it.
-    indexed: oneshot::Sender<Result<u64, StoreError>>,
-}
-
 /// The WAL as the replica's record sink; remembers which Raft index each record reaches.
 struct WalSink<'a> {
     wal: &'a Wal,
@@ -140,8 +130,6 @@ pub struct ReplicatedStore {
     replica: RefCell<Replica>,
     config: DriverConfig,
     waiters: RefCell<BTreeMap<u64, Waiter>>,
-    /// Commands proposed and not yet handed to the raft core; bounded by `proposal_room`.
-    queued: RefCell<VecDeque<Queued>>,
     /// The other end of each waiter, taken by `Log::wait_durable` right after the proposal, with
     /// the time it was proposed.
     answers: RefCell<BTreeMap<u64, (Answer, std::time::Instant)>>,
@@ -241,7 +229,6 @@ impl ReplicatedStore {
             replica: RefCell::new(replica),
             config,
             waiters: RefCell::new(BTreeMap::new()),
-            queued: RefCell::new(VecDeque::new()),
             answers: RefCell::new(BTreeMap::new()),
             record_index: RefCell::new(record_index),
             kick_tx,
@@ -413,7 +400,6 @@ impl ReplicatedStore {
     /// Handles every Ready there is: messages out, records in, committed entries applied.
     async fn run_work(&self) -> Result<(), StoreError> {
         loop {
-            self.propose_queued();
             let released = self
                 .replica
                 .borrow_mut()
@@ -646,67 +632,6 @@ impl ReplicatedStore {
         Ok(())
     }
 
-    /// Hands the queued commands to the raft core, as many as fit in one append message
-    /// (`max_message_bytes`, at least one) per step: the leader then sends each follower one
-    /// append and writes one record for all of them, where one step per command made an
-    /// append per command and follower. Each proposer learns its index (or why not).
-    fn propose_queued(&self) {
-        loop {
-            let mut batch = self.take_batch();
-            if batch.is_empty() {
-                return;
-            }
-            let data = batch
-                .iter_mut()
-                .map(|q| std::mem::take(&mut q.data))
-                .collect();
-            let proposed = self.replica.borrow_mut().propose_batch(data);
-            if proposed.is_ok() {
-                self.kick();
-            }
-            let now = std::time::Instant::now();
-            for (i, q) in batch.into_iter().enumerate() {
-                let result = match &proposed {
-                    Ok((term, first)) => {
-                        let index = first + i as u64;
-                        let (done, answer) = oneshot::channel();
-                        let waiter = Waiter {
-                            term: *term,
-                            units: q.units,
-                            done,
-                        };
-                        self.waiters.borrow_mut().insert(index, waiter);
-                        self.answers.borrow_mut().insert(index, (answer, now));
-                        Ok(index)
-                    }
-                    Err(e) => {
-                        self.proposal_room.signal(q.units);
-                        Err(propose_error(e))
-                    }
-                };
-                let _ = q.indexed.send(result);
-            }
-        }
-    }
-
-    /// The oldest queued commands that fit in one append message (at least one).
-    fn take_batch(&self) -> Vec<Queued> {
-        let bytes_max = self.config.replica.max_message_bytes as usize;
-        let mut queued = self.queued.borrow_mut();
-        let mut bytes = 0usize;
-        let mut batch = Vec::new();
-        while let Some(front) = queued.front() {
-            if !batch.is_empty() && bytes + front.data.len() > bytes_max {
-                break;
-            }
-            bytes += front.data.len();
-            if let Some(q) = queued.pop_front() {
-                batch.push(q);
-            }
-        }
-        batch
-    }
-
     fn send(&self, mut messages: Vec<Message>) {
         if messages.is_empty() {
             return;
@@ -778,11 +703,6 @@ impl ReplicatedStore {
     }
 
     fn fail_waiters(&self, error: &StoreError) {
-        let queued = std::mem::take(&mut *self.queued.borrow_mut());
-        for q in queued {
-            self.proposal_room.signal(q.units);
-            let _ = q.indexed.send(Err(error.clone_kind()));
-        }
         let waiters = std::mem::take(&mut *self.waiters.borrow_mut());
         for (_, waiter) in waiters {
             self.proposal_room.signal(waiter.units);
@@ -941,17 +861,6 @@ impl ReplicatedStore {
     }
 }
 
-fn propose_error(e: &super::replica::ProposeError) -> StoreError {
-    match e {
-        super::replica::ProposeError::NotLeader { leader } => {
-            StoreError::NotLeader { leader: *leader }
-        }
-        super::replica::ProposeError::Dropped | super::replica::ProposeError::ChangeInProgress => {
-            StoreError::LeadershipLost
-        }
-    }
-}
-
 fn raft_error(dir: &Path, e: raft::Error) -> StoreError {
     crate::storage::io_error(dir, std::io::Error::other(format!("raft: {e}")))
 }
@@ -991,22 +900,24 @@ impl Log for ReplicatedStore {
             .acquire(units)
             .await
             .map_err(|_| StoreError::Closed)?;
-        if self.closed.get() || self.failure.borrow().is_some() {
+        let proposed = self.replica.borrow_mut().propose(data);
+        let (term, index) = proposed.map_err(|e| {
             self.proposal_room.signal(units);
-            return Err(StoreError::Closed);
-        }
-        let (indexed, index) = oneshot::channel();
-        self.queued.borrow_mut().push_back(Queued {
-            data,
-            units,
-            indexed,
-        });
-        // The other commands ready on this core join the batch; then this proposer hands the
-        // queue to the raft core itself (unless one before it did), never waiting for the driver
-        // loop, which may be waiting for the engine's admission this proposer holds.
-        futures_lite::future::yield_now().await;
-        self.propose_queued();
-        index.await.map_err(|_| StoreError::LeadershipLost)?
+            match e {
+                super::replica::ProposeError::NotLeader { leader } => {
+                    StoreError::NotLeader { leader }
+                }
+                super::replica::ProposeError::Dropped
+                | super::replica::ProposeError::ChangeInProgress => StoreError::LeadershipLost,
+            }
+        })?;
+        let (done, answer) = oneshot::channel();
+        let waiter = Waiter { term, units, done };
+        self.waiters.borrow_mut().insert(index, waiter);
+        let now = std::time::Instant::now();
+        self.answers.borrow_mut().insert(index, (answer, now));
+        self.kick();
+        Ok(index)
     }
 
     fn wait_durable(

@@ -402,35 +402,6 @@ impl Replica {
         Ok((self.node.raft.term, self.node.raft.raft_log.last_index()))
     }
 
-    /// Appends each of `batch` (encoded commands) as an entry, all in one step of the raft
-    /// core, so the leader sends each follower one append for the batch instead of one per
-    /// command. Returns the term and the index of the first; the rest follow in order. All or
-    /// none are taken.
-    pub fn propose_batch(&mut self, batch: Vec<Vec<u8>>) -> Result<(u64, u64), ProposeError> {
-        if !self.serving() {
-            let leader = self.node.raft.leader_id;
-            return Err(ProposeError::NotLeader {
-                leader: (leader != 0 && leader != self.node.raft.id).then_some(leader),
-            });
-        }
-        let count = batch.len() as u64;
-        let mut m = Message::default();
-        m.set_msg_type(MessageType::MsgPropose);
-        m.from = self.node.raft.id;
-        m.set_entries(
-            batch
-                .into_iter()
-                .map(|data| Entry {
-                    data: data.into(),
-                    ..Entry::default()
-                })
-                .collect(),
-        );
-        self.node.step(m).map_err(|_| ProposeError::Dropped)?;
-        let last = self.node.raft.raft_log.last_index();
-        Ok((self.node.raft.term, last + 1 - count))
-    }
-
     /// Leader of its term, caught up with every earlier term, neither handing over nor failed
     /// (see [`Leadership::serving`]).
     pub fn serving(&self) -> bool {
