@@ -12,8 +12,8 @@ cd "$(dirname "$0")/.."
 RUNS=${1:-3}
 KILL_AFTER=${KILL_AFTER:-3}
 cargo build --release --quiet --bin pinq --example failover_probe
-BIN=target/release/pinq
-PROBE=target/release/examples/failover_probe
+BIN=${CARGO_TARGET_DIR:-target}/release/pinq
+PROBE=${CARGO_TARGET_DIR:-target}/release/examples/failover_probe
 BASE=$(mktemp -d)
 PEERS="1=127.0.0.1:17101,2=127.0.0.1:17102,3=127.0.0.1:17103"
 cleanup() { for f in "$BASE"/*/pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true; done; rm -rf "$BASE"; }
