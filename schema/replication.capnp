@@ -197,7 +197,21 @@ enum EntryType {
 }
 
 struct Snapshot {
-  # eraftpb::Snapshot.
+  # eraftpb::Snapshot. pinq never sends a shard's state in one message: `data` is one of three
+  # kinds of snapshot traffic, told apart by its first byte (integers little-endian; `id` is
+  # leader u64 | index u64 | term u64 | hash u64):
+  #
+  #   2 offer   | leader u64 | index u64 | term u64 | bytes u64 | commands u64 |
+  #               chunkBytes u32 | hash u64          (leader -> follower; `metadata` is set)
+  #   3 chunk   | id | number u64 | crc32c u32 | bytes   (leader -> follower, one chunk of the
+  #               snapshot file: bytes [number * chunkBytes, ...) of it)
+  #   4 request | id | first u64 | count u32            (follower -> leader: send chunks
+  #               first .. first + count; at most 4 are outstanding)
+  #
+  # The file is a sequence of `len u32 | command[len]` (pinq commands, each with its own
+  # CRC32C); `hash` is its xxh3-64, `bytes` its length. A follower steps the offer into its raft
+  # core only once the whole file is on its disk and matches the hash. A message of another
+  # first byte is dropped and counted (`snapshot_malformed`).
   data @0 :Data;
   metadata @1 :SnapshotMetadata;
 }
