@@ -755,32 +755,8 @@ fn follower_restarted_after_log_compaction_catches_up_by_snapshot() {
             .any(|l| l.contains("installed a snapshot from the leader")),
         "the follower caught up through a snapshot, not the log: {lines:#?}"
     );
-    // The snapshot holds the data: with the other follower gone, the leader's durable
-    // publishes need the restarted one, and everything published before is still delivered
-    // by a leader whose quorum includes it.
-    let other = cluster
-        .ids()
-        .into_iter()
-        .find(|&id| id != leader && id != follower)
-        .unwrap();
-    cluster.kill9(other);
-    publish(&cluster.addr(leader), "compacted", &["after".to_string()]);
-    // Now only the restarted follower holds the data besides the leader: kill the leader and
-    // bring the other member back empty. A node with an empty log cannot win an election
-    // against one with the whole log, so the follower that installed the snapshot leads and
-    // must deliver everything from its own state.
-    cluster.kill9(leader);
-    std::fs::remove_dir_all(&cluster.member(other).data_dir).unwrap();
-    cluster.start_node(other);
-    let new_leader = cluster.wait_for_leader(SHARD, &[follower, other], Duration::from_secs(10));
-    assert_eq!(new_leader, follower, "the node with the log leads");
-    let got = consume(
-        &cluster.addr(follower),
-        "compacted",
-        "g",
-        10_001,
-        Duration::from_secs(20),
-    );
+    // The snapshot holds the data: the follower that installed it must deliver everything.
+    let got = lead_from_and_consume(&mut cluster, leader, follower, "compacted", 10_000);
     assert_eq!(
         got.len(),
         10_001,
@@ -909,6 +885,39 @@ async fn within<T>(limit: Duration, future: impl std::future::Future<Output = T>
     .await
 }
 
+/// Only `follower` keeps `published` messages of `topic` besides `leader`: with the third
+/// member gone, one more publish ("after") needs the follower in the leader's quorum; then the
+/// leader is killed and the third member comes back empty. A node with an empty log cannot win
+/// an election against one with the whole log, so the follower leads and must deliver
+/// everything from its own state. Returns what a consumer of group `g` got from it.
+fn lead_from_and_consume(
+    cluster: &mut Cluster,
+    leader: u64,
+    follower: u64,
+    topic: &str,
+    published: usize,
+) -> Vec<String> {
+    let other = cluster
+        .ids()
+        .into_iter()
+        .find(|&id| id != leader && id != follower)
+        .unwrap();
+    cluster.kill9(other);
+    publish(&cluster.addr(leader), topic, &["after".to_string()]);
+    cluster.kill9(leader);
+    std::fs::remove_dir_all(&cluster.member(other).data_dir).unwrap();
+    cluster.start_node(other);
+    let new_leader = cluster.wait_for_leader(SHARD, &[follower, other], Duration::from_secs(15));
+    assert_eq!(new_leader, follower, "the node with the log leads");
+    consume(
+        &cluster.addr(follower),
+        topic,
+        "g",
+        published + 1,
+        Duration::from_secs(30),
+    )
+}
+
 /// The file under `dir` (recursively) named `name`, if there is one.
 fn find_file(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
@@ -991,27 +1000,8 @@ fn a_snapshot_larger_than_a_frame_streams_and_kills_during_its_install_leave_a_n
         "the install finished and its marker is gone"
     );
 
-    // The follower's state is the leader's: it alone with the leader makes a quorum, then it
-    // leads and delivers everything (the other member comes back empty).
-    let other = cluster
-        .ids()
-        .into_iter()
-        .find(|&id| id != leader && id != follower)
-        .unwrap();
-    cluster.kill9(other);
-    publish(&cluster.addr(leader), "big", &["after".to_string()]);
-    cluster.kill9(leader);
-    std::fs::remove_dir_all(&cluster.member(other).data_dir).unwrap();
-    cluster.start_node(other);
-    let new_leader = cluster.wait_for_leader(SHARD, &[follower, other], Duration::from_secs(15));
-    assert_eq!(new_leader, follower, "the node with the log leads");
-    let got = consume(
-        &cluster.addr(follower),
-        "big",
-        "g",
-        total + 1,
-        Duration::from_secs(30),
-    );
+    // The follower's state is the leader's: it leads and delivers everything.
+    let got = lead_from_and_consume(&mut cluster, leader, follower, "big", total);
     assert_eq!(got.len(), total + 1, "every message is delivered once");
     assert_eq!(set(&got).len(), total + 1, "no message twice");
 }

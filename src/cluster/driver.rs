@@ -559,8 +559,6 @@ impl ReplicatedStore {
         for to in snapshots {
             // Sent or dropped, the leader probes the follower again: a lost snapshot makes it
             // reject, and the core asks for one again.
-            let sent = &self.snapshots.sent;
-            sent.set(sent.get() + 1);
             self.replica.borrow_mut().snapshot_sent(to);
         }
     }

@@ -80,10 +80,6 @@ pub(super) struct Snapshots {
     pub(super) installing: Cell<bool>,
     /// The checkpoint record written at open for an unfinished install.
     resumed_seq: Cell<u64>,
-    pub(super) sent: Cell<u64>,
-    pub(super) installed: Cell<u64>,
-    pub(super) chunks_sent: Cell<u64>,
-    pub(super) chunks_received: Cell<u64>,
 }
 
 struct Outgoing {
@@ -327,9 +323,6 @@ impl ReplicatedStore {
                 }
             };
             self.send_stream(to, encode_chunk(&request.id, number, &read));
-            self.snapshots
-                .chunks_sent
-                .set(self.snapshots.chunks_sent.get() + 1);
         }
         dio::close(file, path).await
     }
@@ -391,7 +384,7 @@ impl ReplicatedStore {
         match (result, offer) {
             (Ok(path), Some(offer)) => {
                 tracing::info!(dir = %self.dir().display(), index = d.index, bytes = d.bytes, took = ?started.elapsed(), "snapshot pulled");
-                self.snapshots.staged.borrow_mut().push((d.id(), path));
+                self.stage(d.id(), path);
                 self.step_offer(offer);
             }
             (Ok(path), None) => {
@@ -400,6 +393,15 @@ impl ReplicatedStore {
             (Err(e), _) => {
                 tracing::warn!(dir = %self.dir().display(), index = d.index, "snapshot pull given up (the leader offers again): {e}");
             }
+        }
+    }
+
+    /// Keeps a pulled file for its install; one older that raft never took goes (a follower
+    /// keeps at most one staged file).
+    fn stage(&self, id: SnapshotId, path: PathBuf) {
+        let old = self.snapshots.staged.replace(vec![(id, path)]);
+        for (_, old) in old {
+            let _ = std::fs::remove_file(old);
         }
     }
 
@@ -498,11 +500,7 @@ impl ReplicatedStore {
             return Ok(());
         }
         hasher.update(chunk.bytes);
-        writer.append(chunk.bytes).await?;
-        self.snapshots
-            .chunks_received
-            .set(self.snapshots.chunks_received.get() + 1);
-        Ok(())
+        writer.append(chunk.bytes).await
     }
 
     fn take_chunk(&self, d: Descriptor, chunk: &Chunk<'_>) -> bool {
@@ -547,8 +545,6 @@ impl ReplicatedStore {
         self.finish_install().await?;
         self.replica.borrow_mut().snapshot_written(index, last);
         self.note_snapshot_membership();
-        let s = &self.snapshots;
-        s.installed.set(s.installed.get() + 1);
         tracing::info!(dir = %self.dir().display(), index, bytes = d.bytes, commands = d.commands, "installed a snapshot from the leader");
         Ok(())
     }
