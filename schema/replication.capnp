@@ -2,8 +2,10 @@
 #
 # This file is the contract between pinq nodes (not clients: clients use pinq.capnp). Every shard
 # of a cluster is one Raft group across the nodes, with shard k of every node a member of group k;
-# the node ids are the Raft ids (`cluster.nodeId`). The groups share one TCP connection per pair
-# of nodes, so the heartbeats of every shard that a tick produces travel together in one frame.
+# the node ids are the Raft ids (`cluster.nodeId`). Each group has its own TCP connection per pair
+# of nodes, run by the core of its shard on both sides (a core runs one shard), so the Raft
+# traffic of a shard never crosses to another core; everything a shard queued for a peer in one
+# tick (its heartbeats, its appends) travels together in one frame.
 #
 # Framing
 # -------
@@ -15,8 +17,14 @@
 #
 # Connecting
 # ----------
-# Of each pair of nodes, the one with the lower node id dials the other's `cluster.raftListen`;
-# the connection then carries both directions. Each side starts by sending a `Hello`, reads the
+# Of each pair of nodes, shard k of the one with the lower node id dials the other's
+# `cluster.raftListen` (one port per node, whatever its shard count); the connection then carries
+# both directions of group k. The dialer first writes an 8-byte plaintext preamble, before TLS:
+# the ASCII magic "PQR2" and the shard index k as a little-endian UInt32. The accepting node
+# reads it (within the handshake timeout) on the core that listens and hands the socket to shard
+# k's core, which runs TLS and the handshake; a preamble with another magic or a shard index the
+# node does not run closes the connection (logged, counted as a refusal on the accepting side).
+# Then each side starts by sending a `Hello`, reads the
 # peer's `Hello`, and sends a `HelloReply` with its verdict on it; only when both replies say
 # `accepted` do `Frame`s follow, in both directions. A refused side closes the connection; the
 # dialer retries with backoff, so a node whose configuration is fixed and restarted joins without
@@ -30,7 +38,9 @@
 
 @0xc672c91ebc1f75f5;
 
-const replicationVersion :UInt32 = 1;
+const replicationVersion :UInt32 = 2;
+# 2: the preamble and one connection per shard (`Hello.shard`); 1 had one connection per node
+# pair for every shard.
 # The protocol version this schema describes, sent in `Hello.protocolVersion`.
 
 # ---------------------------------------------------------------------------------------------
@@ -59,6 +69,10 @@ struct Hello {
 
   members @5 :List(Member);
   # The sender's `cluster.peers`, sorted by node id, itself included.
+
+  shard @6 :UInt32;
+  # The shard (Raft group) whose traffic this connection carries: the sender's shard, which must
+  # be the receiver's too (and the one the dialer's preamble named).
 }
 
 struct Member {
@@ -112,21 +126,27 @@ enum RefusalReason {
   # `pinq-node-<id>`). Only a node that completed a TLS handshake can receive it, so only a
   # build that knows it. (A failed TLS handshake itself is never sent here: it leaves no channel
   # to send on; each side logs its own reason.)
+
+  shardMismatch @6;
+  # The peer's `Hello.shard` is not the shard of the connection it arrived on (the preamble named
+  # another one), or the preamble named a shard the refusing node does not run (then logged only:
+  # the connection is closed before TLS and the `Hello`s).
 }
 
 # ---------------------------------------------------------------------------------------------
 # Raft traffic
 
 struct Frame {
-  # What one write carries after the handshake: every Raft message queued for this peer since the
-  # last write, of every shard. An empty frame is a keepalive.
+  # What one write carries after the handshake: every Raft message the connection's shard queued
+  # for this peer since the last write. An empty frame is a keepalive.
 
   messages @0 :List(ShardMessage);
 }
 
 struct ShardMessage {
   shard @0 :UInt32;
-  # The Raft group: the index of the shard on both nodes (below `Hello.shardCount`).
+  # The Raft group: the index of the shard on both nodes; always the connection's `Hello.shard`
+  # (a receiver drops, and counts, any other).
 
   message @1 :RaftMessage;
 }

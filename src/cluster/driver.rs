@@ -641,6 +641,10 @@ impl ReplicatedStore {
             leader_changes: self.leader_changes.get(),
             drops: self.drops.get(),
             closes_lost: 0, // the shard's figure (`Shard::raft_figures`)
+            // The shard's transport's figures (`Shard::raft_figures`).
+            peers_connected: 0,
+            connections_established: 0,
+            handshake_refusals: 0,
             commit_latency: recorder.commit_latency.snapshot(LATENCY_BUCKETS_S),
             append_batch_entries: recorder.append_batch_entries.snapshot(BATCH_BUCKETS),
             follower_lag: status

@@ -52,6 +52,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -64,9 +65,9 @@ use raft::eraftpb::Message;
 use rustls::pki_types::CertificateDer;
 
 use super::wire::{
-    check_hello, decode_frame, encode_frame, frame_bytes, message_bytes_estimate,
-    segment_table_bytes, HandshakeRefusal, Hello, HelloReply, RefusalReason, WireError,
-    FRAME_PREFIX_BYTES,
+    check_hello, decode_frame, decode_preamble, encode_frame, encode_preamble, frame_bytes,
+    message_bytes_estimate, segment_table_bytes, HandshakeRefusal, Hello, HelloReply,
+    RefusalReason, WireError, FRAME_PREFIX_BYTES, PREAMBLE_BYTES,
 };
 use crate::config::ClusterConfig;
 use crate::security::node::{describe_tls_failure, NodeTls};
@@ -134,6 +135,11 @@ pub struct TransportCounters {
     pub reconnects: u64,
     /// Accepted connections closed at once because too many handshakes were in progress.
     pub handshakes_shed: u64,
+    /// Listening shard only: accepted connections for another shard closed because that
+    /// shard's core could not take them (its channel full, or it is not running).
+    pub handoffs_shed: u64,
+    /// Listening shard only: accepted connections handed to another shard's core.
+    pub handoffs: u64,
 }
 
 impl TransportCounters {
@@ -158,6 +164,27 @@ pub struct RefusalEvent {
     pub refusal: HandshakeRefusal,
 }
 
+/// Where a transport runs: shard `index` of the `count` a node runs. Every shard runs its own
+/// transport, for its own Raft group only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardPlace {
+    pub index: u32,
+    pub count: u32,
+}
+
+/// A peer connection the listening shard accepted and read the preamble of, on its way to the
+/// core of the shard the preamble named. Owning the descriptor, it closes the socket if dropped
+/// on the way (a full channel, a stopped shard).
+#[derive(Debug)]
+pub struct Accepted {
+    pub fd: OwnedFd,
+    pub peer_addr: SocketAddr,
+}
+
+/// How the listening shard hands an accepted connection to shard `index`'s core; `false` when
+/// that core cannot take it now (the connection is then closed, counted; its dialer retries).
+pub type Handoff = Rc<dyn Fn(u32, Accepted) -> bool>;
+
 /// Why the transport could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -174,17 +201,16 @@ pub struct Transport {
 
 struct Inner {
     node_id: u64,
+    place: ShardPlace,
     /// This node's `Hello`; its members follow [`Transport::set_peers`].
     hello: RefCell<Hello>,
-    shard_count: u32,
     queue_len_max: usize,
     max_frame_bytes: usize,
     idle_timeout: Duration,
     keepalive: Duration,
-    local_addr: SocketAddr,
     /// `[cluster.tls]`; `None`: plain TCP.
     tls: Option<Arc<NodeTls>>,
-    inbound: Rc<dyn Fn(u64, u32, Message)>,
+    inbound: Rc<dyn Fn(u64, Message)>,
     peers: RefCell<BTreeMap<u64, Peer>>,
     counters: Cell<TransportCounters>,
     refusals: RefCell<VecDeque<RefusalEvent>>,
@@ -228,32 +254,23 @@ struct Connection {
 }
 
 impl Transport {
-    /// Binds `cluster.raftListen`, starts the accept loop and one dialer per peer with a higher
-    /// id (see "Who dials"). Must run on a glommio executor; every task it starts stays there.
-    /// `inbound` is called with (from node, shard, message) for each message received, in order
-    /// per peer. `tls` is `[cluster.tls]` as read at start-up (`None`: plain TCP).
+    /// Starts shard `place`'s transport: one dialer per peer with a higher id (see "Who
+    /// dials"); connections from peers with lower ids arrive through [`Transport::adopt`] (or,
+    /// on the listening shard, its own accept loop: [`Transport::listen`]). Must run on the
+    /// shard's glommio executor; every task it starts stays there. `inbound` is called with
+    /// (from node, message) for each message of this shard received, in order per peer. `tls`
+    /// is `[cluster.tls]` as read at start-up (`None`: plain TCP).
     pub fn start(
         config: &ClusterConfig,
-        shard_count: u32,
+        place: ShardPlace,
         tls: Option<Arc<NodeTls>>,
-        inbound: Rc<dyn Fn(u64, u32, Message)>,
+        inbound: Rc<dyn Fn(u64, Message)>,
     ) -> Result<Rc<Transport>, TransportError> {
         if !config.peers.contains_key(&config.node_id) {
             return Err(TransportError::NotAMember {
                 node_id: config.node_id,
             });
         }
-        let listener =
-            bind_exclusive(config.raft_listen).map_err(|source| TransportError::Bind {
-                addr: config.raft_listen,
-                source,
-            })?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|source| TransportError::Bind {
-                addr: config.raft_listen,
-                source: source.into(),
-            })?;
         let election_timeout = config.election_timeout().max(Duration::from_millis(1));
         let peers = config
             .peers
@@ -263,13 +280,12 @@ impl Transport {
             .collect();
         let inner = Rc::new(Inner {
             node_id: config.node_id,
-            hello: RefCell::new(Hello::new(config, shard_count)),
-            shard_count,
+            place,
+            hello: RefCell::new(Hello::new(config, place.count, place.index)),
             queue_len_max: config.outbound_queue_messages,
             max_frame_bytes: config.max_frame_bytes,
             idle_timeout: election_timeout.saturating_mul(IDLE_ELECTION_TIMEOUTS),
             keepalive: election_timeout,
-            local_addr,
             tls,
             inbound,
             peers: RefCell::new(peers),
@@ -282,7 +298,6 @@ impl Transport {
             tasks: RefCell::new(BTreeMap::new()),
             stopped: Cell::new(false),
         });
-        spawn(&inner, accept_loop(inner.clone(), listener));
         let dialed: Vec<u64> = inner
             .peers
             .borrow()
@@ -293,18 +308,58 @@ impl Transport {
         for id in dialed {
             spawn(&inner, dial_loop(inner.clone(), id));
         }
-        tracing::info!(
-            node = config.node_id,
-            listen = %local_addr,
-            peers = config.peers.len() - 1,
-            "cluster transport listening"
-        );
         Ok(Rc::new(Transport { inner }))
     }
 
-    /// Queues `msg` for node `to`, for `shard`; never waits. Dropped (and counted) when that
-    /// peer's queue is full, or when it is not connected.
-    pub fn send(&self, to: u64, shard: u32, msg: Message) {
+    /// The node's one Raft port: binds `cluster.raftListen` and accepts every shard's
+    /// connections on this shard's core, reading each one's preamble; a connection for this
+    /// shard stays here, one for another shard goes to `handoff`. Returns the address bound
+    /// (with the port the OS chose if it was 0).
+    pub fn listen(
+        &self,
+        raft_listen: SocketAddr,
+        handoff: Handoff,
+    ) -> Result<SocketAddr, TransportError> {
+        let bind_error = |source| TransportError::Bind {
+            addr: raft_listen,
+            source,
+        };
+        let listener = bind_exclusive(raft_listen).map_err(bind_error)?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| bind_error(source.into()))?;
+        let inner = &self.inner;
+        spawn(inner, accept_loop(inner.clone(), listener, handoff));
+        tracing::info!(
+            node = inner.node_id,
+            shard = inner.place.index,
+            listen = %local_addr,
+            peers = inner.peers.borrow().len(),
+            "cluster transport listening"
+        );
+        Ok(local_addr)
+    }
+
+    /// Serves a connection the listening shard accepted for this shard (its preamble named
+    /// it). Closed at once when too many handshakes are in progress here.
+    pub fn adopt(&self, accepted: Accepted) {
+        let inner = &self.inner;
+        if inner.stopped.get() || inner.handshakes_in_progress.get() >= HANDSHAKES_IN_PROGRESS_MAX {
+            inner.count(|c| c.handshakes_shed += 1);
+            return;
+        }
+        // SAFETY: `accepted.fd` is a connected TCP socket we own (into_raw_fd released it),
+        // which is what glommio's `from_raw_fd` requires; the stream takes over closing it.
+        let stream = unsafe { TcpStream::from_raw_fd(accepted.fd.into_raw_fd()) };
+        let connection = serve_connection(inner.clone(), stream, None);
+        spawn(inner, async move {
+            connection.await;
+        });
+    }
+
+    /// Queues `msg` (of this transport's shard) for node `to`; never waits. Dropped (and
+    /// counted) when that peer's queue is full, or when it is not connected.
+    pub fn send(&self, to: u64, msg: Message) {
         let inner = &self.inner;
         let mut peers = inner.peers.borrow_mut();
         let Some(peer) = peers.get_mut(&to) else {
@@ -319,7 +374,7 @@ impl Transport {
             inner.count(|c| c.dropped_queue_full += 1);
             return;
         }
-        peer.queue.push_back((shard, msg));
+        peer.queue.push_back((inner.place.index, msg));
         connection.wake.notify();
     }
 
@@ -392,12 +447,6 @@ impl Transport {
         self.inner.refusals.borrow().iter().cloned().collect()
     }
 
-    /// The address the transport listens on (`cluster.raftListen`, with the port the OS chose if
-    /// it was 0).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.inner.local_addr
-    }
-
     /// Stops every task: the listener, the dialers and every connection close when the executor
     /// next runs them (the sockets are closed by then). Queued messages are dropped.
     pub fn stop(&self) {
@@ -417,7 +466,11 @@ impl Transport {
                 connection.wake.notify();
             }
         }
-        tracing::info!(node = inner.node_id, "cluster transport stopped");
+        tracing::info!(
+            node = inner.node_id,
+            shard = inner.place.index,
+            "cluster transport stopped"
+        );
     }
 }
 
@@ -527,7 +580,7 @@ fn bind_exclusive(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(unsafe { TcpListener::from_raw_fd(fd) })
 }
 
-async fn accept_loop(inner: Rc<Inner>, listener: TcpListener) {
+async fn accept_loop(inner: Rc<Inner>, listener: TcpListener, handoff: Handoff) {
     loop {
         let stream = match listener.accept().await {
             Ok(stream) => stream,
@@ -542,11 +595,89 @@ async fn accept_loop(inner: Rc<Inner>, listener: TcpListener) {
             drop(stream);
             continue;
         }
-        let connection = serve_connection(inner.clone(), stream, None);
-        spawn(&inner, async move {
-            connection.await;
-        });
+        let routing = route_accepted(inner.clone(), stream, handoff.clone());
+        spawn(&inner, routing);
     }
+}
+
+/// Reads an accepted connection's preamble (within [`HANDSHAKE_TIMEOUT`], counted among the
+/// handshakes in progress) and serves the connection here or hands it to its shard's core.
+async fn route_accepted(inner: Rc<Inner>, mut stream: TcpStream, handoff: Handoff) {
+    let peer_addr = stream
+        .peer_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    // A silent client is closed as stalled, as after the preamble (`serve_connection`).
+    let _ = stream.set_read_timeout(Some(inner.idle_timeout));
+    inner
+        .handshakes_in_progress
+        .set(inner.handshakes_in_progress.get() + 1);
+    let shard = read_preamble(&mut stream).await;
+    inner
+        .handshakes_in_progress
+        .set(inner.handshakes_in_progress.get().saturating_sub(1));
+    let shard = match shard {
+        Ok(shard) => shard,
+        Err(end) => {
+            note_end(&inner, None, peer_addr, &end);
+            return;
+        }
+    };
+    if shard == inner.place.index {
+        serve_connection(inner, stream, None).await;
+        return;
+    }
+    if shard >= inner.place.count {
+        inner.record_refusal(RefusalEvent {
+            peer: None,
+            peer_addr,
+            by_us: true,
+            refusal: HandshakeRefusal {
+                reason: RefusalReason::ShardMismatch,
+                detail: format!(
+                    "the connection's preamble names shard {shard}, node {} runs {} shards",
+                    inner.node_id, inner.place.count
+                ),
+            },
+        });
+        return;
+    }
+    // The stream read exactly the preamble (glommio's TcpStream does not read ahead), so the
+    // socket goes on at the peer's first TLS or Hello byte. The duplicate travels; this
+    // descriptor closes with `stream`.
+    // SAFETY: `stream` is open for the whole borrow.
+    let fd = match unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }.try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => {
+            inner.count(|c| c.handoffs_shed += 1);
+            tracing::warn!(node = inner.node_id, shard, addr = %peer_addr, "cannot hand a peer connection to its shard: {e}");
+            return;
+        }
+    };
+    drop(stream);
+    if handoff(shard, Accepted { fd, peer_addr }) {
+        inner.count(|c| c.handoffs += 1);
+    } else {
+        inner.count(|c| c.handoffs_shed += 1);
+        tracing::debug!(node = inner.node_id, shard, addr = %peer_addr, "shard {shard} cannot take a peer connection now: closed (its dialer retries)");
+    }
+}
+
+/// The shard index an accepted connection's preamble names, within [`HANDSHAKE_TIMEOUT`].
+async fn read_preamble(stream: &mut TcpStream) -> Result<u32, ConnectionEnd> {
+    let work = async {
+        let mut bytes = [0u8; PREAMBLE_BYTES];
+        let first = stream.read(&mut bytes).await?;
+        if first == 0 {
+            return Err(ConnectionEnd::Eof);
+        }
+        stream.read_exact(&mut bytes[first..]).await?;
+        Ok(decode_preamble(bytes)?)
+    };
+    let deadline = async {
+        glommio::timer::sleep(HANDSHAKE_TIMEOUT).await;
+        Err(ConnectionEnd::HandshakeTimeout)
+    };
+    futures_lite::future::or(work, deadline).await
 }
 
 /// Dials `peer` for as long as the transport runs and the peer is a member: connect,
@@ -654,7 +785,7 @@ async fn serve_connection(inner: Rc<Inner>, stream: TcpStream, dialed: Option<u6
             closing: closing.clone(),
         },
     );
-    tracing::info!(node = inner.node_id, peer, addr = %peer_addr, client = theirs.client_addr, "connected to peer");
+    tracing::info!(node = inner.node_id, shard = inner.place.index, peer, addr = %peer_addr, client = theirs.client_addr, "connected to peer");
 
     let reading = read_loop(&inner, peer, &mut reader, &mut buffer);
     let writing = write_loop(&inner, peer, &mut writer, &wake, &closing);
@@ -711,6 +842,12 @@ async fn establish(
     peer_addr: SocketAddr,
 ) -> Result<Established, ConnectionEnd> {
     let work = async {
+        let mut stream = stream;
+        if dialed.is_some() {
+            stream
+                .write_all(&encode_preamble(inner.place.index))
+                .await?;
+        }
         let stream = secure(inner, stream, dialed).await?;
         let peer_cert = stream.peer_certificate();
         let (reader, mut writer) = futures_lite::io::split(stream);
@@ -886,11 +1023,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
             buffer.bytes(len),
             inner.max_frame_bytes,
             |shard, message| {
-                if shard >= inner.shard_count || message.from != peer || message.to != inner.node_id
+                if shard != inner.place.index || message.from != peer || message.to != inner.node_id
                 {
                     dropped += 1;
                 } else {
-                    (inner.inbound)(peer, shard, message);
+                    (inner.inbound)(peer, message);
                 }
             },
         );

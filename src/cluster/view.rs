@@ -2,8 +2,9 @@
 //! term, and each node's client address — for `topology()`, notLeader hints, `/healthz` and
 //! `pinq cluster status`.
 //!
-//! Shards write their own entry when their role changes (and their figures once a second);
-//! shard 0, which runs the transport, writes the peers' addresses and reachability. Readers take
+//! Shards write their own entry when their role changes (and their figures once a second), and
+//! which peers their own transport is connected to; shard 0 writes the peers' addresses and
+//! reachability (a peer is reachable when every shard's transport is connected to it). Readers take
 //! a copy. The one lock is held for a copy or one small write, never across an await.
 
 use std::collections::BTreeMap;
@@ -27,6 +28,8 @@ pub struct ShardView {
     pub status: ReplicaStatus,
     /// The membership in force in this shard's group, as applied here.
     pub conf: raft::eraftpb::ConfState,
+    /// The peer nodes this shard's own transport is connected to.
+    pub connected: std::collections::BTreeSet<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -164,6 +167,24 @@ impl ClusterView {
             }
         })
         .flatten()
+    }
+
+    /// The peers shard `shard`'s transport is connected to now.
+    pub fn set_connected(&self, shard: usize, connected: std::collections::BTreeSet<u64>) {
+        self.with(|inner| {
+            if let Some(view) = inner.shards.get_mut(shard) {
+                view.connected = connected;
+            }
+        });
+    }
+
+    /// Whether the transport of every shard is connected to `node` (each shard carries its own
+    /// group's traffic: one missing link leaves that group without the node).
+    pub fn connected_on_every_shard(&self, node: u64) -> bool {
+        self.with(|inner| {
+            !inner.shards.is_empty() && inner.shards.iter().all(|s| s.connected.contains(&node))
+        })
+        .unwrap_or(false)
     }
 
     pub fn leads_any(&self) -> bool {

@@ -63,6 +63,8 @@ pub enum WireError {
     TlsRecord,
     #[error("refusal reason {reason} is local to a node and never sent")]
     LocalReason { reason: RefusalReason },
+    #[error("the connection does not start with a pinq preamble (bytes {bytes:02x?}; a peer of another replication protocol version?)")]
+    BadPreamble { bytes: [u8; PREAMBLE_BYTES] },
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -196,6 +198,34 @@ fn address(text: &str, field: &'static str) -> Result<SocketAddr, WireError> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Preamble
+
+/// Bytes of the preamble a dialer writes before anything else (before TLS).
+pub const PREAMBLE_BYTES: usize = 8;
+/// The preamble's first four bytes (the 2 is [`PROTOCOL_VERSION`]: a version-1 node sends a
+/// frame's segment table there instead).
+pub const PREAMBLE_MAGIC: [u8; 4] = *b"PQR2";
+
+/// The preamble of a connection carrying shard `shard`'s traffic: the magic, then the shard index
+/// in little-endian. Plaintext, so that the listening core can hand the socket to the shard's
+/// core before any TLS state exists; the `Hello` repeats the shard under TLS ([`check_hello`]).
+pub fn encode_preamble(shard: u32) -> [u8; PREAMBLE_BYTES] {
+    let mut bytes = [0u8; PREAMBLE_BYTES];
+    bytes[..4].copy_from_slice(&PREAMBLE_MAGIC);
+    bytes[4..].copy_from_slice(&shard.to_le_bytes());
+    bytes
+}
+
+/// The shard index a preamble names (not checked against the shards this node runs: the
+/// caller knows how many it runs).
+pub fn decode_preamble(bytes: [u8; PREAMBLE_BYTES]) -> Result<u32, WireError> {
+    if bytes[..4] != PREAMBLE_MAGIC {
+        return Err(WireError::BadPreamble { bytes });
+    }
+    Ok(u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]))
+}
+
+// ---------------------------------------------------------------------------------------------
 // Handshake
 
 /// A node's introduction, the first message each way on a connection.
@@ -213,11 +243,13 @@ pub struct Hello {
     pub shard_count: u32,
     /// The sender's `cluster.peers`.
     pub members: BTreeMap<u64, SocketAddr>,
+    /// The shard whose traffic the connection carries (the sender's).
+    pub shard: u32,
 }
 
 impl Hello {
-    /// This node's `Hello`.
-    pub fn new(config: &ClusterConfig, shard_count: u32) -> Hello {
+    /// This node's `Hello` on the connections of shard `shard` of `shard_count`.
+    pub fn new(config: &ClusterConfig, shard_count: u32, shard: u32) -> Hello {
         Hello {
             protocol_version: PROTOCOL_VERSION,
             node_id: config.node_id,
@@ -230,6 +262,7 @@ impl Hello {
                 .unwrap_or(config.raft_listen),
             shard_count,
             members: config.peers.clone(),
+            shard,
         }
     }
 
@@ -242,6 +275,7 @@ impl Hello {
         root.set_client_address(self.client_addr.as_str());
         root.set_raft_address(self.raft_addr.to_string().as_str());
         root.set_shard_count(self.shard_count);
+        root.set_shard(self.shard);
         let mut members = root.init_members(list_len("members", self.members.len())?);
         for (i, (id, addr)) in self.members.iter().enumerate() {
             let mut member = members.reborrow().get(i as u32);
@@ -290,6 +324,7 @@ impl Hello {
             )?,
             shard_count: root.get_shard_count(),
             members,
+            shard: root.get_shard(),
         })
     }
 }
@@ -308,6 +343,9 @@ pub enum RefusalReason {
     /// on the dialing side, a peer without TLS). Local only: never in a `HelloReply`, there is
     /// no channel to send it on.
     Tls,
+    /// The peer's `Hello` names another shard than the connection's, or its preamble a shard
+    /// this node does not run.
+    ShardMismatch,
 }
 
 impl RefusalReason {
@@ -321,6 +359,7 @@ impl RefusalReason {
             RefusalReason::SameNodeId => "sameNodeId",
             RefusalReason::CertificateMismatch => "certificateMismatch",
             RefusalReason::Tls => "tls",
+            RefusalReason::ShardMismatch => "shardMismatch",
         }
     }
 
@@ -333,6 +372,7 @@ impl RefusalReason {
             RefusalReason::VersionUnsupported => WireRefusalReason::VersionUnsupported,
             RefusalReason::SameNodeId => WireRefusalReason::SameNodeId,
             RefusalReason::CertificateMismatch => WireRefusalReason::CertificateMismatch,
+            RefusalReason::ShardMismatch => WireRefusalReason::ShardMismatch,
             RefusalReason::Tls => return None,
         })
     }
@@ -345,6 +385,7 @@ impl RefusalReason {
             WireRefusalReason::VersionUnsupported => RefusalReason::VersionUnsupported,
             WireRefusalReason::SameNodeId => RefusalReason::SameNodeId,
             WireRefusalReason::CertificateMismatch => RefusalReason::CertificateMismatch,
+            WireRefusalReason::ShardMismatch => RefusalReason::ShardMismatch,
         }
     }
 }
@@ -426,7 +467,7 @@ fn members_text(members: &BTreeMap<u64, SocketAddr>) -> String {
 
 /// Whether this node (`ours`) works with the peer that sent `theirs`. Both nodes run it on each
 /// other's `Hello`, so each side of a mismatch knows why; the first rule broken is reported:
-/// protocol version, same id, unknown node, shard count, members.
+/// protocol version, same id, unknown node, shard count, shard, members.
 pub fn check_hello(ours: &Hello, theirs: &Hello) -> Result<(), HandshakeRefusal> {
     let refuse = |reason, detail: String| Err(HandshakeRefusal { reason, detail });
     let (us, them) = (ours.node_id, theirs.node_id);
@@ -464,6 +505,15 @@ pub fn check_hello(ours: &Hello, theirs: &Hello) -> Result<(), HandshakeRefusal>
             format!(
                 "node {them} runs {} shards, node {us} runs {}: every node of a cluster must run the same number (server.cpus)",
                 theirs.shard_count, ours.shard_count
+            ),
+        );
+    }
+    if theirs.shard != ours.shard {
+        return refuse(
+            RefusalReason::ShardMismatch,
+            format!(
+                "node {them} sent the Hello of shard {} on a connection of shard {} of node {us}",
+                theirs.shard, ours.shard
             ),
         );
     }

@@ -424,6 +424,11 @@ const RAFT_GAUGES: &[(&str, &str, RaftRead)] = &[
         "Highest log index applied here.",
         |f| f.applied,
     ),
+    (
+        "pinq_raft_peers_connected",
+        "Peer nodes this shard's own transport has a connection to (handshake accepted).",
+        |f| f.peers_connected,
+    ),
 ];
 
 const RAFT_COUNTERS: &[(&str, &str, RaftRead)] = &[
@@ -431,6 +436,16 @@ const RAFT_COUNTERS: &[(&str, &str, RaftRead)] = &[
         "pinq_raft_leader_changes",
         "Changes of the shard's leader seen by this node.",
         |f| f.leader_changes,
+    ),
+    (
+        "pinq_raft_connections_established",
+        "Connections this shard's own transport established with peer nodes.",
+        |f| f.connections_established,
+    ),
+    (
+        "pinq_raft_handshake_refusals",
+        "Handshakes of this shard's transport refused, by this node or by the peer.",
+        |f| f.handshake_refusals,
     ),
     (
         "pinq_subscription_closes_lost",

@@ -224,6 +224,12 @@ pub struct RaftFigures {
     pub leader_changes: u64,
     /// Raft messages dropped between the replica and the transport, by where.
     pub drops: RaftDrops,
+    /// Peer nodes the shard's own transport is connected to now.
+    pub peers_connected: u64,
+    /// Connections the shard's own transport established (both handshakes accepted).
+    pub connections_established: u64,
+    /// Handshakes of the shard's transport refused, either side.
+    pub handshake_refusals: u64,
     /// Subscription closes another shard could not take (it had stopped).
     pub closes_lost: u64,
     /// A proposal → its entry committed and applied here (leader only).
@@ -235,23 +241,24 @@ pub struct RaftFigures {
 }
 
 /// Raft messages a shard dropped on their way between its replica and the peers, by where
-/// (Raft retransmits what is lost; none vanishes uncounted). Shard 0 also reports its
-/// transport's drops.
+/// (Raft retransmits what is lost; none vanishes uncounted), its own transport's included.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RaftDrops {
     /// The driver's outbox to the shard's sender loop was full.
     pub outbox_full: u64,
-    /// The channel to shard 0 (which runs the transport) was full.
+    /// Always 0 since every shard runs its own transport (its messages no longer cross to shard
+    /// 0); kept so that the `reason` label's series stay.
     pub to_transport_full: u64,
-    /// Shard 0: the channel to the replica's shard was full.
+    /// Always 0 since every shard runs its own transport (a peer's messages no longer cross
+    /// from shard 0); kept so that the `reason` label's series stay.
     pub to_replica_full: u64,
-    /// Shard 0: the transport's queue to a peer was full.
+    /// The transport's queue to a peer was full.
     pub transport_queue_full: u64,
-    /// Shard 0: the peer was not connected.
+    /// The peer was not connected.
     pub peer_not_connected: u64,
-    /// Shard 0: a message larger than `cluster.maxFrameBytes`.
+    /// A message larger than `cluster.maxFrameBytes`.
     pub oversize: u64,
-    /// Shard 0: an inbound message the transport could not take.
+    /// An inbound message of another shard, or not from the connected peer.
     pub inbound: u64,
     /// A leader's entries left unanswered while this replica's log was at its byte cap with a
     /// flush on its way (`storage.walMaxBytes`); the leader sends them again.

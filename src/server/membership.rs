@@ -25,7 +25,8 @@ use crate::rpc::pinq_capnp::{broker, MembershipAction};
 
 /// How long a joining node tries to reach the member `cluster.join` names at start-up.
 const JOIN_QUERY_MAX: Duration = Duration::from_secs(10);
-/// How often shard 0 brings the transport and the address book in line with the view.
+/// How often each shard brings its transport, and shard 0 the view and the address book, in
+/// line with the view.
 const SYNC_EVERY: Duration = Duration::from_millis(200);
 /// The file a node removed from its cluster leaves in its data directory.
 pub const REMOVED_FILE: &str = "removed-from-cluster";
@@ -159,8 +160,38 @@ pub async fn watch_shard(
     }
 }
 
-/// Shard 0: the peers' reachability and client addresses into the view, nodes no shard counts
-/// any more out of it, the transport's peers and the address book file after the view.
+/// Every shard: its transport's peers after the view (so a member added or removed is dialed or
+/// dropped by every shard's transport), and which of them it is connected to into the view.
+pub async fn sync_transport(
+    shard: crate::ids::ShardId,
+    view: ClusterView,
+    transport: Rc<Transport>,
+) {
+    let mut peers_set: Option<BTreeMap<u64, SocketAddr>> = None;
+    loop {
+        let connected = transport
+            .peers()
+            .iter()
+            .filter(|p| p.reachable)
+            .map(|p| p.id)
+            .collect();
+        view.set_connected(shard.get(), connected);
+        let peers: BTreeMap<u64, SocketAddr> = book_of(&view.nodes())
+            .iter()
+            .map(|(id, a)| (*id, a.raft))
+            .collect();
+        // Only when they changed: the transport's peers and its `Hello` are rebuilt then.
+        if peers_set.as_ref() != Some(&peers) {
+            transport.set_peers(&peers);
+            peers_set = Some(peers);
+        }
+        glommio::timer::sleep(SYNC_EVERY).await;
+    }
+}
+
+/// Shard 0: the peers' reachability (every shard's transport connected to it) and client
+/// addresses into the view, nodes no shard counts any more out of it, and the address book
+/// file after the view.
 pub async fn sync_members(
     view: ClusterView,
     transport: Rc<Transport>,
@@ -168,7 +199,6 @@ pub async fn sync_members(
     node_id: u64,
 ) {
     let mut saved: Option<AddressBook> = None;
-    let mut peers_set: Option<BTreeMap<u64, SocketAddr>> = None;
     let mut failing: Option<String> = None;
     loop {
         for peer in transport.peers() {
@@ -177,7 +207,7 @@ pub async fn sync_members(
                 id: peer.id,
                 raft: peer.raft_addr.to_string(),
                 client,
-                reachable: peer.reachable,
+                reachable: view.connected_on_every_shard(peer.id),
             });
         }
         if let Some(members) = view.members_in_force() {
@@ -194,12 +224,6 @@ pub async fn sync_members(
             }
         }
         let book = book_of(&view.nodes());
-        let peers: BTreeMap<u64, SocketAddr> = book.iter().map(|(id, a)| (*id, a.raft)).collect();
-        // Only when they changed: the transport's peers and its `Hello` are rebuilt then.
-        if peers_set.as_ref() != Some(&peers) {
-            transport.set_peers(&peers);
-            peers_set = Some(peers);
-        }
         if saved.as_ref() != Some(&book) {
             match address_book::save(&data_dir, &book).await {
                 Ok(()) => {

@@ -147,12 +147,8 @@ pub enum ShardMsg {
     RevokeReceipts {
         sink: u64,
     },
-    /// Raft messages from a peer node for the receiving shard's replica (from shard 0, which
-    /// runs the node's transport).
-    RaftIn(Vec<raft::eraftpb::Message>),
-    /// Raft messages of shard `shard`'s replica for peer nodes (to shard 0, for its transport).
-    RaftOut {
-        shard: ShardId,
-        messages: Vec<raft::eraftpb::Message>,
-    },
+    /// A peer node's Raft connection for the receiving shard, accepted on the node's Raft port
+    /// by the shard that listens there (shard 0) after its preamble named the receiving shard;
+    /// the receiving shard's transport runs TLS, the handshake and the traffic.
+    RaftConnection(crate::cluster::transport::Accepted),
 }

@@ -35,7 +35,7 @@ use self::shard::{now_ms, Kick, Shard};
 use self::shutdown::ShutdownFlag;
 use crate::cluster::driver::{DriverConfig, OUTBOX_MESSAGES_MAX};
 use crate::cluster::replica::ReplicaConfig;
-use crate::cluster::transport::Transport;
+use crate::cluster::transport::{ShardPlace, Transport};
 use crate::cluster::view::ClusterView;
 use crate::config::{ClusterConfig, Config, PublishConfig, StorageEngine};
 use crate::ids::ShardId;
@@ -621,16 +621,16 @@ const APPEND_MESSAGE_BYTES_MAX: u64 = 1 << 20;
 /// Append messages in flight to one follower.
 const APPEND_MESSAGES_IN_FLIGHT: usize = 256;
 
-/// Starts a cluster shard's tasks: the role watcher and the outbox to the transport; on shard
-/// 0 also the transport itself, whose inbound messages it routes to each shard's replica.
+/// Starts a cluster shard's tasks: the role watcher, its own transport (fed by its replica's
+/// outbox, stepping its replica with what peers send, all on this core) kept in step with the
+/// membership; on shard 0 also the node's one Raft port, whose connections it hands to their
+/// shards, and the view's and address book's sync.
 fn start_cluster(
     shard: &Rc<Shard>,
     config: &Config,
     node_tls: Option<Arc<crate::security::node::NodeTls>>,
     outbox: LocalReceiver<Vec<raft::eraftpb::Message>>,
 ) -> Result<(), String> {
-    let raft_out = shard.clone().raft_out_loop(outbox);
-    glommio::spawn_local(shard.clone().supervised("the raft sender loop", raft_out)).detach();
     let roles = shard.clone().role_loop();
     glommio::spawn_local(shard.clone().supervised("the role watcher", roles)).detach();
     if let (Some(store), Some(view)) = (shard.replicated().cloned(), shard.cluster.clone()) {
@@ -639,34 +639,64 @@ fn start_cluster(
     let Some(cluster) = &config.cluster else {
         return Ok(());
     };
+    let transport = start_transport(shard, cluster, node_tls)?;
+    let raft_out = shard.clone().raft_out_loop(outbox);
+    glommio::spawn_local(shard.clone().supervised("the raft sender loop", raft_out)).detach();
+    let Some(view) = shard.cluster.clone() else {
+        return Ok(());
+    };
+    let sync = membership::sync_transport(shard.id, view.clone(), transport.clone());
+    glommio::spawn_local(sync).detach();
     if shard.id != ShardId::FIRST {
         return Ok(());
     }
     let weak = Rc::downgrade(shard);
-    let inbound: Rc<dyn Fn(u64, u32, raft::eraftpb::Message)> =
-        Rc::new(move |_from, to_shard, message| {
-            if let Some(shard) = weak.upgrade() {
-                shard.route_from_peer(ShardId::from_wire(to_shard), message);
-            }
-        });
-    let transport =
-        Transport::start(cluster, shard.count as u32, node_tls, inbound).map_err(|e| {
+    let handoff: crate::cluster::transport::Handoff = Rc::new(move |to, accepted| {
+        weak.upgrade()
+            .is_some_and(|shard| shard.hand_raft_connection(ShardId::from_wire(to), accepted))
+    });
+    transport
+        .listen(cluster.raft_listen, handoff)
+        .map_err(|e| {
             format!(
                 "cannot start the cluster transport on {}: {e}",
                 cluster.raft_listen
             )
         })?;
-    *shard.transport.borrow_mut() = Some(transport.clone());
-    if let Some(view) = shard.cluster.clone() {
-        let sync = membership::sync_members(
-            view,
-            transport,
-            config.server.data_dir.clone(),
-            cluster.node_id,
-        );
-        glommio::spawn_local(sync).detach();
-    }
+    let sync = membership::sync_members(
+        view,
+        transport,
+        config.server.data_dir.clone(),
+        cluster.node_id,
+    );
+    glommio::spawn_local(sync).detach();
     Ok(())
+}
+
+/// This shard's transport, stepping its replica with what peers send.
+fn start_transport(
+    shard: &Rc<Shard>,
+    cluster: &ClusterConfig,
+    node_tls: Option<Arc<crate::security::node::NodeTls>>,
+) -> Result<Rc<Transport>, String> {
+    let weak = Rc::downgrade(shard);
+    let inbound: Rc<dyn Fn(u64, raft::eraftpb::Message)> = Rc::new(move |_from, message| {
+        if let Some(store) = weak.upgrade().as_ref().and_then(|s| s.replicated()) {
+            store.step(message);
+        }
+    });
+    let place = ShardPlace {
+        index: shard.id.to_wire(),
+        count: shard.count as u32,
+    };
+    let transport = Transport::start(cluster, place, node_tls, inbound).map_err(|e| {
+        format!(
+            "cannot start the cluster transport of shard {}: {e}",
+            shard.id
+        )
+    })?;
+    *shard.transport.borrow_mut() = Some(transport.clone());
+    Ok(transport)
 }
 
 /// Accepts clients until dropped. A connection beyond `server.maxConnections` is handed to

@@ -152,7 +152,8 @@ pub struct Shard {
     /// Bumped each time the pipeline core is replaced (a change of leadership): work started
     /// under an older core does not report back to the new one.
     core_epoch: Cell<u64>,
-    /// Shard 0 of a cluster node: the node's transport to its peers.
+    /// Clustered: this shard's transport to its peers (every shard runs its own, for its own
+    /// Raft group; shard 0's also listens on the node's Raft port).
     pub transport: RefCell<Option<Rc<crate::cluster::transport::Transport>>>,
     /// Client requests refused by this shard, by code.
     refusals: Cell<RefusalCounts>,
@@ -694,65 +695,45 @@ impl Shard {
             ShardMsg::Credit { consumer, keys } => self.add_credit(consumer, &keys),
             ShardMsg::CloseSink { sink } => self.revoke_sink(sink),
             ShardMsg::RevokeReceipts { sink } => self.revoke_receipts(sink),
-            ShardMsg::RaftIn(messages) => {
-                if let Some(store) = self.replicated() {
-                    for message in messages {
-                        store.step(message);
-                    }
-                }
-            }
-            ShardMsg::RaftOut { shard, messages } => self.send_to_peers(shard, messages),
+            ShardMsg::RaftConnection(accepted) => self.adopt_raft_connection(accepted),
         }
     }
 
     // ---- cluster -------------------------------------------------------------------------
 
-    /// Shard 0: hands another shard's (or its own) Raft messages to the transport.
-    fn send_to_peers(&self, shard: ShardId, messages: Vec<raft::eraftpb::Message>) {
-        if let Some(transport) = self.transport.borrow().as_ref() {
-            for message in messages {
-                transport.send(message.to, shard.to_wire(), message);
-            }
+    /// The listening shard: hands a peer's connection to shard `to`'s core. Never waits: `false`
+    /// (the connection closed as `accepted` drops) when that shard's channel is full or gone.
+    pub fn hand_raft_connection(
+        &self,
+        to: ShardId,
+        accepted: crate::cluster::transport::Accepted,
+    ) -> bool {
+        match self.peers.get(to.get()) {
+            Some(Some(peer)) => peer.try_send(ShardMsg::RaftConnection(accepted)).is_ok(),
+            _ => false,
         }
     }
 
-    /// Shard 0: a Raft message from a peer node for replica `shard` of this node. Never waits:
-    /// a full channel drops it, counted (Raft retransmits).
-    pub fn route_from_peer(&self, shard: ShardId, message: raft::eraftpb::Message) {
-        if shard == self.id {
-            if let Some(store) = self.replicated() {
-                store.step(message);
-            }
-            return;
-        }
-        if let Some(Some(peer)) = self.peers.get(shard.get()) {
-            if peer.try_send(ShardMsg::RaftIn(vec![message])).is_err() {
-                self.count_raft_drops(|d| d.to_replica_full += 1);
-            }
+    /// A peer's connection for this shard, from the listening shard: to this shard's transport
+    /// (closed when there is none yet: the peer's dialer retries).
+    fn adopt_raft_connection(&self, accepted: crate::cluster::transport::Accepted) {
+        match self.transport.borrow().as_ref() {
+            Some(transport) => transport.adopt(accepted),
+            None => tracing::debug!(
+                shard = %self.id,
+                addr = %accepted.peer_addr,
+                "a peer connection arrived before this shard's transport started: closed"
+            ),
         }
     }
 
-    /// Counts Raft messages this shard dropped (`pinq_raft_messages_dropped{reason}`).
-    fn count_raft_drops(&self, count: impl FnOnce(&mut crate::metrics::RaftDrops)) {
-        if let Some(store) = self.replicated() {
-            store.count_drops(count);
-        }
-    }
-
-    /// Carries this replica's outgoing Raft messages to the transport (on shard 0, through the
-    /// mesh from any other shard, never waiting: a full channel drops them, counted).
+    /// Carries this replica's outgoing Raft messages to this shard's transport (same core: it
+    /// only queues them per peer, never waits).
     pub async fn raft_out_loop(self: Rc<Self>, outbox: LocalReceiver<Vec<raft::eraftpb::Message>>) {
         while let Some(messages) = outbox.recv().await {
-            if self.id == ShardId::FIRST {
-                self.send_to_peers(ShardId::FIRST, messages);
-            } else if let Some(Some(peer)) = self.peers.first() {
-                let n = messages.len() as u64;
-                let out = ShardMsg::RaftOut {
-                    shard: self.id,
-                    messages,
-                };
-                if peer.try_send(out).is_err() {
-                    self.count_raft_drops(|d| d.to_transport_full += n);
+            if let Some(transport) = self.transport.borrow().as_ref() {
+                for message in messages {
+                    transport.send(message.to, message);
                 }
             }
         }
@@ -1418,7 +1399,8 @@ impl Shard {
         }
     }
 
-    /// The replica's figures, with the drops of shard 0's transport and the lost closes.
+    /// The replica's figures, with the drops and connections of this shard's transport and the
+    /// lost closes.
     fn raft_figures(&self) -> Option<crate::metrics::RaftFigures> {
         let mut figures = self.replicated()?.raft_figures();
         figures.closes_lost = self.closes_lost.get();
@@ -1428,6 +1410,10 @@ impl Shard {
             figures.drops.peer_not_connected = c.dropped_not_connected;
             figures.drops.oversize = c.dropped_oversize;
             figures.drops.inbound = c.dropped_inbound;
+            figures.connections_established = c.connections_established;
+            figures.handshake_refusals = c.handshake_refusals;
+            figures.peers_connected =
+                transport.peers().iter().filter(|p| p.reachable).count() as u64;
         }
         Some(figures)
     }

@@ -70,21 +70,60 @@ fn start(config: &ClusterConfig, shard_count: u32) -> (Rc<Transport>, Received) 
     start_tls(config, shard_count, None)
 }
 
+/// Shard 0 of `shard_count`, listening on the node's port; connections for other shards are
+/// closed (see [`start_node`] for a node running all of them).
 fn start_tls(
     config: &ClusterConfig,
     shard_count: u32,
+    tls: Option<Arc<NodeTls>>,
+) -> (Rc<Transport>, Received) {
+    let (transport, received) = start_shard(config, 0, shard_count, tls);
+    transport
+        .listen(config.raft_listen, Rc::new(|_, _| false))
+        .unwrap();
+    (transport, received)
+}
+
+/// Shard `index` of `count`'s transport, not listening.
+fn start_shard(
+    config: &ClusterConfig,
+    index: u32,
+    count: u32,
     tls: Option<Arc<NodeTls>>,
 ) -> (Rc<Transport>, Received) {
     let received: Received = Rc::default();
     let sink = received.clone();
     let transport = Transport::start(
         config,
-        shard_count,
+        ShardPlace { index, count },
         tls,
-        Rc::new(move |from, shard, message| sink.borrow_mut().push((from, shard, message))),
+        Rc::new(move |from, message| sink.borrow_mut().push((from, index, message))),
     )
     .unwrap();
     (transport, received)
+}
+
+/// Every shard of a node, each with its own transport, on this one executor: shard 0 listens
+/// and hands each other shard its connections (as the server does across cores).
+fn start_node(config: &ClusterConfig, shard_count: u32) -> Vec<(Rc<Transport>, Received)> {
+    let shards: Vec<(Rc<Transport>, Received)> = (0..shard_count)
+        .map(|index| start_shard(config, index, shard_count, None))
+        .collect();
+    let others: Vec<Rc<Transport>> = shards.iter().map(|(t, _)| t.clone()).collect();
+    shards[0]
+        .0
+        .listen(
+            config.raft_listen,
+            Rc::new(move |to, accepted| match others.get(to as usize) {
+                Some(transport) => {
+                    transport.adopt(accepted);
+                    true
+                }
+                None => false,
+            }),
+        )
+        .unwrap();
+    shards
 }
 
 fn heartbeat(from: u64, to: u64, term: u64) -> Message {
@@ -101,60 +140,70 @@ fn all_reachable(transport: &Transport) -> bool {
 }
 
 #[test]
-fn three_nodes_exchange_messages_on_every_shard() {
+fn three_nodes_exchange_messages_on_every_shard_each_over_its_own_connections() {
     run(|| async {
         let addrs = free_addrs(3);
-        let nodes: Vec<(Rc<Transport>, Received)> =
-            (1..=3).map(|id| start(&config(id, &addrs), 4)).collect();
-        until("every pair connected", || {
-            nodes.iter().all(|(t, _)| all_reachable(t))
+        let nodes: Vec<Vec<(Rc<Transport>, Received)>> = (1..=3)
+            .map(|id| start_node(&config(id, &addrs), 4))
+            .collect();
+        until("every pair connected on every shard", || {
+            nodes.iter().flatten().all(|(t, _)| all_reachable(t))
         })
         .await;
-        for (i, (transport, _)) in nodes.iter().enumerate() {
+        for (i, shards) in nodes.iter().enumerate() {
             let from = i as u64 + 1;
             for to in (1..=3).filter(|to| *to != from) {
-                for shard in 0..4 {
-                    transport.send(to, shard, heartbeat(from, to, u64::from(shard) + 10));
+                for (shard, (transport, _)) in shards.iter().enumerate() {
+                    transport.send(to, heartbeat(from, to, shard as u64 + 10));
                 }
             }
         }
-        until("8 messages at each node", || {
-            nodes.iter().all(|(_, r)| r.borrow().len() == 8)
+        until("2 messages at each shard of each node", || {
+            nodes.iter().flatten().all(|(_, r)| r.borrow().len() == 2)
         })
         .await;
-        for (i, (transport, received)) in nodes.iter().enumerate() {
+        for (i, shards) in nodes.iter().enumerate() {
             let me = i as u64 + 1;
-            let mut got: Vec<(u64, u32, u64)> = received
-                .borrow()
-                .iter()
-                .map(|(from, shard, m)| {
-                    assert_eq!(m.to, me);
-                    assert_eq!(m.from, *from);
-                    (*from, *shard, m.term)
-                })
-                .collect();
-            got.sort();
-            let expected: Vec<(u64, u32, u64)> = (1..=3)
-                .filter(|from| *from != me)
-                .flat_map(|from| (0..4).map(move |shard| (from, shard, u64::from(shard) + 10)))
-                .collect();
-            assert_eq!(got, expected, "node {me}");
-            let counters = transport.counters();
-            assert_eq!(counters.messages_sent, 8);
-            assert_eq!(counters.messages_received, 8);
-            assert_eq!(counters.dropped(), 0);
-            assert_eq!(counters.connections_established, 2);
-            let peers = transport.peers();
-            assert_eq!(peers.len(), 2);
-            for peer in peers {
+            for (shard, (transport, received)) in shards.iter().enumerate() {
+                let mut got: Vec<(u64, u32, u64)> = received
+                    .borrow()
+                    .iter()
+                    .map(|(from, shard, m)| {
+                        assert_eq!(m.to, me);
+                        assert_eq!(m.from, *from);
+                        (*from, *shard, m.term)
+                    })
+                    .collect();
+                got.sort();
+                let expected: Vec<(u64, u32, u64)> = (1..=3)
+                    .filter(|from| *from != me)
+                    .map(|from| (from, shard as u32, shard as u64 + 10))
+                    .collect();
+                assert_eq!(got, expected, "node {me} shard {shard}");
+                // Each shard sent and received its own, over its own two connections.
+                let counters = transport.counters();
+                assert_eq!(counters.messages_sent, 2);
+                assert_eq!(counters.messages_received, 2);
+                assert_eq!(counters.dropped(), 0);
                 assert_eq!(
-                    peer.client_addr,
-                    Some(format!("127.0.0.1:{}", 7400 + peer.id))
+                    counters.connections_established, 2,
+                    "node {me} shard {shard}"
                 );
-                assert_eq!(peer.raft_addr, addrs[peer.id as usize - 1]);
+                let peers = transport.peers();
+                assert_eq!(peers.len(), 2);
+                for peer in peers {
+                    assert_eq!(
+                        peer.client_addr,
+                        Some(format!("127.0.0.1:{}", 7400 + peer.id))
+                    );
+                    assert_eq!(peer.raft_addr, addrs[peer.id as usize - 1]);
+                }
             }
+            // Shard 0 listens for all: it handed the other shards' accepted connections over
+            // (node 1 accepts none, node 2 one per other shard from node 1, node 3 two).
+            assert_eq!(shards[0].0.counters().handoffs, 3 * (me - 1));
         }
-        for (transport, _) in &nodes {
+        for (transport, _) in nodes.iter().flatten() {
             transport.stop();
         }
     });
@@ -164,13 +213,13 @@ fn three_nodes_exchange_messages_on_every_shard() {
 fn messages_queued_in_one_turn_travel_in_one_frame() {
     run(|| async {
         let addrs = free_addrs(2);
-        let (one, _) = start(&config(1, &addrs), 64);
-        let (two, received) = start(&config(2, &addrs), 64);
+        let (one, _) = start(&config(1, &addrs), 1);
+        let (two, received) = start(&config(2, &addrs), 1);
         until("connected", || all_reachable(&one) && all_reachable(&two)).await;
         let frames_before = one.counters().frames_sent;
-        // The heartbeats of 64 shards in one tick: queued without yielding in between.
-        for shard in 0..64 {
-            one.send(2, shard, heartbeat(1, 2, 3));
+        // 64 messages of one tick: queued without yielding in between.
+        for term in 0..64 {
+            one.send(2, heartbeat(1, 2, term));
         }
         until("64 heartbeats", || received.borrow().len() == 64).await;
         let counters = one.counters();
@@ -212,7 +261,7 @@ fn a_shard_count_mismatch_is_refused_with_the_typed_reason_on_both_sides() {
         let before = one.counters().handshake_refusals;
         until("a retry", || one.counters().handshake_refusals > before).await;
         assert_eq!(one.counters().connections_established, 0);
-        one.send(2, 0, heartbeat(1, 2, 1));
+        one.send(2, heartbeat(1, 2, 1));
         assert_eq!(one.counters().dropped_not_connected, 1);
         one.stop();
         two.stop();
@@ -279,7 +328,7 @@ fn a_restarted_peer_is_reconnected_and_messages_flow_again() {
         let (one, received_one) = start(&config(1, &addrs), 2);
         let (two, received_two) = start(&config(2, &addrs), 2);
         until("connected", || all_reachable(&one) && all_reachable(&two)).await;
-        one.send(2, 0, heartbeat(1, 2, 1));
+        one.send(2, heartbeat(1, 2, 1));
         until("first message", || received_two.borrow().len() == 1).await;
 
         // Node 2 (the accepting side) restarts: node 1 redials it.
@@ -292,8 +341,8 @@ fn a_restarted_peer_is_reconnected_and_messages_flow_again() {
         })
         .await;
         assert_eq!(one.counters().reconnects, 1);
-        one.send(2, 1, heartbeat(1, 2, 2));
-        two.send(1, 1, heartbeat(2, 1, 2));
+        one.send(2, heartbeat(1, 2, 2));
+        two.send(1, heartbeat(2, 1, 2));
         until("messages after node 2's restart", || {
             received_two.borrow().len() == 1 && received_one.borrow().len() == 1
         })
@@ -308,7 +357,7 @@ fn a_restarted_peer_is_reconnected_and_messages_flow_again() {
             all_reachable(&one) && all_reachable(&two)
         })
         .await;
-        two.send(1, 0, heartbeat(2, 1, 3));
+        two.send(1, heartbeat(2, 1, 3));
         until("message after node 1's restart", || {
             received_one.borrow().len() == 1
         })
@@ -330,17 +379,17 @@ fn a_full_queue_drops_and_counts() {
         until("connected", || all_reachable(&one) && all_reachable(&two)).await;
         // Ten sends before the writer runs: four fit the queue.
         for term in 0..10 {
-            one.send(2, 0, heartbeat(1, 2, term));
+            one.send(2, heartbeat(1, 2, term));
         }
         assert_eq!(one.counters().dropped_queue_full, 6);
         until("the queued four", || received.borrow().len() == 4).await;
         let terms: Vec<u64> = received.borrow().iter().map(|(_, _, m)| m.term).collect();
         assert_eq!(terms, [0, 1, 2, 3]);
         // The queue has room again once drained.
-        one.send(2, 0, heartbeat(1, 2, 99));
+        one.send(2, heartbeat(1, 2, 99));
         until("one more", || received.borrow().len() == 5).await;
         // Unknown and unconnected peers drop too.
-        one.send(7, 0, heartbeat(1, 7, 1));
+        one.send(7, heartbeat(1, 7, 1));
         assert_eq!(one.counters().dropped_not_connected, 1);
         assert_eq!(one.counters().dropped(), 7);
         one.stop();
@@ -360,9 +409,9 @@ fn a_message_larger_than_a_frame_is_dropped_and_the_rest_go() {
         let mut entry = raft::eraftpb::Entry::default();
         entry.data = vec![0u8; 2 << 20].into();
         huge.mut_entries().push(entry);
-        one.send(2, 0, heartbeat(1, 2, 4));
-        one.send(2, 0, huge);
-        one.send(2, 0, heartbeat(1, 2, 6));
+        one.send(2, heartbeat(1, 2, 4));
+        one.send(2, huge);
+        one.send(2, heartbeat(1, 2, 6));
         until("the two small ones", || received.borrow().len() == 2).await;
         assert_eq!(one.counters().dropped_oversize, 1);
         let terms: Vec<u64> = received.borrow().iter().map(|(_, _, m)| m.term).collect();
@@ -373,25 +422,101 @@ fn a_message_larger_than_a_frame_is_dropped_and_the_rest_go() {
 }
 
 #[test]
-fn messages_for_unknown_shards_or_from_another_node_are_dropped_on_arrival() {
+fn messages_from_another_node_are_dropped_on_arrival() {
     run(|| async {
         let addrs = free_addrs(2);
         let (one, _) = start(&config(1, &addrs), 2);
         let (two, received) = start(&config(2, &addrs), 2);
         until("connected", || all_reachable(&one) && all_reachable(&two)).await;
-        one.send(2, 5, heartbeat(1, 2, 1)); // no shard 5 (a bug on the sender)
-        one.send(2, 0, heartbeat(3, 2, 1)); // claims to be from node 3
-        one.send(2, 1, heartbeat(1, 2, 2));
+        one.send(2, heartbeat(3, 2, 1)); // claims to be from node 3
+        one.send(2, heartbeat(1, 2, 2));
         until("the valid one", || received.borrow().len() == 1).await;
-        until("the others counted", || two.counters().dropped_inbound == 2).await;
+        until("the other counted", || two.counters().dropped_inbound == 1).await;
         one.stop();
         two.stop();
     });
 }
 
-/// Connects to `addr` as a raw client.
+/// Connects to `addr` as a raw client of shard 0 (the preamble sent).
 async fn raw_connect(addr: SocketAddr) -> TcpStream {
-    TcpStream::connect(addr).await.unwrap()
+    raw_connect_to_shard(addr, 0).await
+}
+
+async fn raw_connect_to_shard(addr: SocketAddr, shard: u32) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(&encode_preamble(shard)).await.unwrap();
+    stream
+}
+
+#[test]
+fn a_preamble_naming_a_shard_the_node_does_not_run_is_refused_saying_why() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (two, _) = start(&config(2, &addrs), 2);
+        let mut stream = raw_connect_to_shard(addrs[1], 5).await;
+        // Closed before TLS or a Hello: nothing comes back.
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+        assert!(rest.is_empty(), "{rest:?}");
+        until("refused", || !two.recent_refusals().is_empty()).await;
+        let event = &two.recent_refusals()[0];
+        assert_eq!(event.peer, None);
+        assert!(event.by_us);
+        assert_eq!(event.refusal.reason, RefusalReason::ShardMismatch);
+        assert_eq!(
+            event.refusal.detail,
+            "the connection's preamble names shard 5, node 2 runs 2 shards"
+        );
+        assert_eq!(two.counters().handoffs, 0);
+        two.stop();
+    });
+}
+
+#[test]
+fn a_connection_without_a_preamble_is_closed_as_undecodable() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let (two, _) = start(&config(2, &addrs), 1);
+        let mut stream = TcpStream::connect(addrs[1]).await.unwrap();
+        // What a version-1 node sends first: a Hello frame's segment table.
+        stream.write_all(&[0, 0, 0, 0, 9, 0, 0, 0]).await.unwrap();
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+        until("counted", || two.counters().decode_errors == 1).await;
+        two.stop();
+    });
+}
+
+#[test]
+fn a_hello_of_another_shard_is_refused_by_the_shard_it_was_handed_to() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        let shards = start_node(&config(2, &addrs), 2);
+        // The preamble names shard 1, the Hello says shard 0.
+        let mut stream = raw_connect_to_shard(addrs[1], 1).await;
+        let mut out = Vec::new();
+        Hello::new(&config(1, &addrs), 2, 0)
+            .encode(&mut out)
+            .unwrap();
+        stream.write_all(&out).await.unwrap();
+        let mut buffer = FrameBuffer::default();
+        let len = read_frame(&mut stream, &mut buffer, 1 << 20).await.unwrap();
+        let theirs = Hello::decode(buffer.bytes(len), 1 << 20).unwrap();
+        assert_eq!((theirs.node_id, theirs.shard), (2, 1));
+        let len = read_frame(&mut stream, &mut buffer, 1 << 20).await.unwrap();
+        let HelloReply::Refused(refusal) = HelloReply::decode(buffer.bytes(len), 1 << 20).unwrap()
+        else {
+            panic!("accepted a Hello of shard 0 on shard 1");
+        };
+        assert_eq!(refusal.reason, RefusalReason::ShardMismatch);
+        let (one, _) = &shards[1];
+        until("recorded", || !one.recent_refusals().is_empty()).await;
+        assert_eq!(one.recent_refusals()[0].refusal, refusal);
+        assert_eq!(shards[0].0.counters().handoffs, 1);
+        for (transport, _) in &shards {
+            transport.stop();
+        }
+    });
 }
 
 #[test]
@@ -470,7 +595,9 @@ fn a_second_transport_on_the_same_port_fails_to_start() {
     run(|| async {
         let addrs = free_addrs(1);
         let (one, _) = start(&config(1, &addrs), 1);
-        let err = Transport::start(&config(1, &addrs), 1, None, Rc::new(|_, _, _| {}))
+        let err = start_shard(&config(1, &addrs), 0, 1, None)
+            .0
+            .listen(addrs[0], Rc::new(|_, _| false))
             .err()
             .unwrap();
         assert!(matches!(err, TransportError::Bind { .. }), "{err}");
@@ -597,7 +724,7 @@ fn nodes_with_tls_connect_and_exchange_messages() {
         let (one, _) = start_tls(&c1, 1, node_tls(&dir, &c1, "node1"));
         let (two, received) = start_tls(&c2, 1, node_tls(&dir, &c2, "node2"));
         until("connected", || all_reachable(&one) && all_reachable(&two)).await;
-        one.send(2, 0, heartbeat(1, 2, 7));
+        one.send(2, heartbeat(1, 2, 7));
         until("a heartbeat", || received.borrow().len() == 1).await;
         assert_eq!(received.borrow()[0].2.term, 7);
         assert!(one.recent_refusals().is_empty() && two.recent_refusals().is_empty());

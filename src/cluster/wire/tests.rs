@@ -180,12 +180,14 @@ fn hello(node_id: u64, shard_count: u32) -> Hello {
         raft_addr: members[&node_id],
         shard_count,
         members,
+        shard: 0,
     }
 }
 
 #[test]
 fn hello_and_replies_round_trip() {
-    let ours = hello(2, 4);
+    let mut ours = hello(2, 4);
+    ours.shard = 3;
     let mut bytes = Vec::new();
     ours.encode(&mut bytes).unwrap();
     assert_eq!(Hello::decode(&bytes, MAX).unwrap(), ours);
@@ -203,6 +205,10 @@ fn hello_and_replies_round_trip() {
         HelloReply::Refused(HandshakeRefusal {
             reason: RefusalReason::CertificateMismatch,
             detail: "names DNS:pinq-node-2".to_owned(),
+        }),
+        HelloReply::Refused(HandshakeRefusal {
+            reason: RefusalReason::ShardMismatch,
+            detail: "shard 1 on shard 0".to_owned(),
         }),
     ] {
         let mut bytes = Vec::new();
@@ -245,7 +251,8 @@ fn hello_from_config_uses_the_configured_address_not_a_wildcard() {
         max_frame_bytes: MAX,
         tls: None,
     };
-    let h = Hello::new(&config, 3);
+    let h = Hello::new(&config, 3, 2);
+    assert_eq!(h.shard, 2);
     assert_eq!(h.raft_addr.to_string(), "10.0.0.2:7102");
     assert_eq!(h.client_addr, "10.0.0.2:7400");
     assert_eq!(h.shard_count, 3);
@@ -273,6 +280,31 @@ fn a_shard_count_mismatch_is_refused_saying_both_counts() {
     assert!(other_way
         .detail
         .starts_with("node 1 runs 2 shards, node 2 runs 4"));
+}
+
+#[test]
+fn a_hello_of_another_shard_is_refused_naming_both() {
+    let mut theirs = hello(2, 2);
+    theirs.shard = 1;
+    let refusal = check_hello(&hello(1, 2), &theirs).unwrap_err();
+    assert_eq!(refusal.reason, RefusalReason::ShardMismatch);
+    assert_eq!(
+        refusal.detail,
+        "node 2 sent the Hello of shard 1 on a connection of shard 0 of node 1"
+    );
+}
+
+#[test]
+fn a_preamble_round_trips_and_another_magic_is_refused() {
+    assert_eq!(decode_preamble(encode_preamble(7)).unwrap(), 7);
+    assert_eq!(&encode_preamble(1), b"PQR2\x01\x00\x00\x00");
+    // A version-1 node starts with a Hello frame's segment table; a TLS client with its record.
+    for bytes in [[0, 0, 0, 0, 9, 0, 0, 0], [22, 3, 1, 0, 200, 1, 0, 0]] {
+        assert!(
+            matches!(decode_preamble(bytes), Err(WireError::BadPreamble { .. })),
+            "{bytes:?}"
+        );
+    }
 }
 
 #[test]
@@ -324,7 +356,8 @@ fn the_same_node_id_and_another_version_are_refused() {
     future.protocol_version = PROTOCOL_VERSION + 1;
     let refusal = check_hello(&hello(1, 2), &future).unwrap_err();
     assert_eq!(refusal.reason, RefusalReason::VersionUnsupported);
-    assert!(refusal.detail.contains("version 2"), "{refusal}");
+    let theirs = format!("version {}", PROTOCOL_VERSION + 1);
+    assert!(refusal.detail.contains(&theirs), "{refusal}");
     assert_eq!(
         refusal.to_string(),
         format!("versionUnsupported: {}", refusal.detail)
