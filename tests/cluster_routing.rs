@@ -5,6 +5,9 @@
 //!   still succeeds, on another member learned from that handshake.
 //! - With two shards led by different nodes, a message NACKed until it is out of deliveries
 //!   lands in its dead-letter topic although that topic's leader is another node.
+//! - With two shards per node, each shard's transport has its own connection to every peer and
+//!   both groups replicate; a connection whose preamble names a shard the node does not run is
+//!   refused, and the node says why.
 //!
 //! No assertion is about speed; the time the publish took is printed. Every member is stopped
 //! by its pid (the `Cluster` helper); the tests run one at a time (three brokers on 2 cores).
@@ -334,4 +337,105 @@ fn dead_letter_reaches_its_topics_leader_on_another_node() {
     assert_eq!(header(&letter, "pinq-dlq-group"), Some("workers"));
     assert_eq!(header(&letter, "pinq-dlq-attempts"), Some("2"));
     assert_eq!(header(&letter, "pinq-dlq-reason"), Some("nack"));
+}
+
+/// The metrics page of member `id`.
+fn metrics_of(cluster: &Cluster, id: u64) -> String {
+    support::http_get(cluster.member(id).metrics, "/metrics").1
+}
+
+/// Whether every shard of member `id` has its own connection to each of the two other members.
+fn every_shard_connected(cluster: &Cluster, id: u64) -> bool {
+    let page = metrics_of(cluster, id);
+    ["shard=\"0\"", "shard=\"1\""]
+        .iter()
+        .all(|shard| support::sample(&page, "pinq_raft_peers_connected", shard) == Some(2.0))
+}
+
+#[test]
+fn two_shards_per_node_each_carry_their_raft_traffic_over_their_own_connections() {
+    let _serial = serial();
+    let started = Instant::now();
+    let cluster = two_shard_cluster();
+    let running = cluster.running();
+    let l0 = cluster.wait_for_leader(0, &running, FIRST_ELECTION_TIMEOUT);
+    let l1 = cluster.wait_for_leader(1, &running, FIRST_ELECTION_TIMEOUT);
+    // Both groups replicate: every follower applies what each shard's leader committed.
+    for id in cluster.ids() {
+        wait_caught_up(&cluster, id, l0);
+        wait_caught_up(&cluster, id, l1);
+    }
+    let status = cluster
+        .status(1, Duration::from_secs(5))
+        .expect("node 1 answers status");
+    assert_eq!(status.shards.len(), 2, "{status:?}");
+    assert!(status.nodes.iter().all(|n| n.reachable), "{status:?}");
+
+    // Each shard's transport has its own connection to each peer (one Raft port per node).
+    let deadline = Instant::now() + FIRST_ELECTION_TIMEOUT;
+    while !cluster
+        .ids()
+        .iter()
+        .all(|&id| every_shard_connected(&cluster, id))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "not every shard connected to both peers: {}",
+            metrics_of(&cluster, 1)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for id in cluster.ids() {
+        let page = metrics_of(&cluster, id);
+        for shard in ["shard=\"0\"", "shard=\"1\""] {
+            let established =
+                support::sample(&page, "pinq_raft_connections_established_total", shard);
+            assert!(
+                established >= Some(2.0),
+                "node {id} {shard}: {established:?}"
+            );
+        }
+    }
+
+    // A connection whose preamble names a shard the node does not run is closed before TLS
+    // and the Hello, and the node says why.
+    let raft = cluster.member(1).raft;
+    let mut stream = TcpStream::connect(raft).expect("connect to node 1's Raft port");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    stream
+        .write_all(b"PQR2\x07\x00\x00\x00")
+        .expect("send a preamble");
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    assert!(
+        rest.is_empty(),
+        "node 1 answered a refused connection: {rest:?}"
+    );
+    let words = [
+        "refused a peer at the handshake",
+        "shardMismatch",
+        "names shard 7",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    loop {
+        seen.extend(cluster.server(1).drain_output());
+        if seen.iter().any(|l| words.iter().all(|w| l.contains(w))) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 logged no line with {words:?}:\n{}",
+            seen.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The cluster keeps working on both shards.
+    assert!(cluster
+        .ids()
+        .iter()
+        .all(|&id| every_shard_connected(&cluster, id)));
+    eprintln!("two-shard transport test took {:?}", started.elapsed());
 }
