@@ -17,7 +17,7 @@ use std::fmt;
 pub struct ShardId(usize);
 
 impl ShardId {
-    /// Shard 0, the one that carries a node's cluster transport.
+    /// Shard 0, the one that listens on a node's Raft port (each shard runs its own transport).
     pub const FIRST: ShardId = ShardId(0);
 
     pub const fn new(index: usize) -> ShardId {

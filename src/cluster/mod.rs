@@ -18,9 +18,10 @@
 //! - [`view`]: what every shard of a node knows of the cluster (leaders, terms, addresses).
 //! - [`wire`]: the node-to-node codec (`schema/replication.capnp` ↔ raft-rs's messages), the
 //!   handshake and its checks; pure.
-//! - [`transport`]: one TCP connection per node pair carrying every shard's Raft messages, on
-//!   shard 0's executor; the only part that does network I/O. Other shards reach it through the
-//!   mesh (`crate::server::shard`).
+//! - [`transport`]: one per shard, on the shard's own executor: its TCP connections to each
+//!   peer, carrying that shard's Raft messages; the only part that does network I/O. Shard 0's
+//!   also accepts the node's one Raft port and hands each connection to its shard's core
+//!   (over the mesh, `crate::server::shard`).
 
 pub mod address_book;
 pub mod convert;

@@ -1,5 +1,6 @@
-//! The node-to-node transport: one TCP connection per pair of nodes, carrying the Raft messages
-//! of every shard, on one glommio executor (the node's shard 0 core).
+//! The node-to-node transport of one shard: on the shard's own glommio executor, one TCP
+//! connection per peer node carrying this shard's Raft messages (its Raft group's), so that no
+//! shard's Raft traffic crosses to another core. Every shard of a node runs one.
 //!
 //! It owns the sockets, the per-peer outbound queues and the handshake; it never interprets a
 //! Raft message (that is the Raft driver's, which hands messages to [`Transport::send`] and gets
@@ -7,11 +8,23 @@
 //! and a writer task per connection drains the queue (STYLE 14). The codec and the handshake
 //! rules are pure, in [`super::wire`].
 //!
-//! **Who dials.** Of each pair, the node with the lower id dials the other; the connection then
-//! carries both directions. That makes one full-duplex connection per pair without a tie-break
-//! race. The accepting side still takes a connection from any member: the newest connection of a
-//! peer replaces the one before (a peer that restarted dials again before the old socket's death
-//! is noticed).
+//! **Who dials.** Of each pair of nodes, shard k of the node with the lower id dials the other
+//! node, for shard k; the connection then carries both directions of group k. That makes one
+//! full-duplex connection per pair and shard without a tie-break race. The accepting side still
+//! takes a connection from any member: the newest connection of a peer replaces the one before
+//! (a peer that restarted dials again before the old socket's death is noticed).
+//!
+//! **One Raft port.** A node listens on one address (`cluster.raftListen`), on its first shard
+//! ([`Transport::listen`]). A dialer writes an 8-byte plaintext preamble first (magic and shard
+//! index, [`super::wire::encode_preamble`]), before TLS; the listening shard reads it within
+//! [`HANDSHAKE_TIMEOUT`] and keeps the connection if it names itself, or hands the socket (a
+//! duplicated descriptor, [`Accepted`]) to the named shard's core through the caller's
+//! [`Handoff`] (a bounded channel: when it is full the socket is closed and counted,
+//! `handoffs_shed`, and the dialer retries); that core's transport runs TLS, the handshake and
+//! the loops ([`Transport::adopt`]). A preamble naming a shard the node does not run is a
+//! refusal (`shardMismatch`, logged and kept), and the `Hello` repeats the shard so that a
+//! connection handed to the wrong shard is refused too. Glommio's `TcpStream` does not read
+//! ahead, so the socket handed over starts at the peer's first TLS or `Hello` byte.
 //!
 //! **TLS.** With `[cluster.tls]` every connection runs over rustls ([`crate::security::node`]):
 //! the accepting side requires a client certificate signed by `caFile`, the dialing side verifies
@@ -33,8 +46,9 @@
 //!
 //! **Batching.** `send` queues and wakes the connection's writer; the writer runs after the
 //! current task yields and drains the whole queue into as few frames as `cluster.maxFrameBytes`
-//! allows, so everything the shards queued in one tick (all their heartbeats, for instance) goes
-//! as one frame and one `write`. A frame is assembled in one reused buffer and written whole,
+//! allows, so everything the shard queued for a peer in one tick (its heartbeats and appends)
+//! goes as one frame and one `write`. A core runs one shard, so this is all of the core's
+//! messages to that peer; different shards' messages travel on different connections. A frame is assembled in one reused buffer and written whole,
 //! which is what a `BufWriter` would give, without its second copy. Reads go through a
 //! `BufReader`, so small frames cost one `read` for several.
 //!
@@ -42,10 +56,11 @@
 //! while the queue is full, or while the peer is not connected, is dropped and counted (Raft
 //! retransmits; queueing for a dead peer would only deliver stale messages later). An incoming
 //! frame announcing more than `cluster.maxFrameBytes` closes the connection before its body is
-//! read. A connection with no bytes in either direction for 10 × the election timeout is closed;
-//! a writer with nothing to send sends an empty frame each election timeout so that an idle but
-//! healthy pair is not mistaken for a stalled one. Unauthenticated connections (still in their
-//! handshake) are bounded too.
+//! read. A message of another shard than the connection's is dropped and counted
+//! (`dropped_inbound`). A connection with no bytes in either direction for 10 × the election
+//! timeout is closed; a writer with nothing to send sends an empty frame each election timeout
+//! so that an idle but healthy pair is not mistaken for a stalled one. Unauthenticated
+//! connections (still in their preamble or handshake) are bounded per shard too.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};

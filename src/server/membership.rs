@@ -1,7 +1,7 @@
 //! Membership changes on the server side: the members a node starts with (its address book, or
 //! for a node started with `cluster.join`, those a running member names), the tasks that keep
-//! the node's view, its transport and its address book in step with the membership each shard
-//! applies, and the `changeMembership` admin call (each step runs on the shard it changes).
+//! the node's view, its shards' transports and its address book in step with the membership
+//! each shard applies, and the `changeMembership` admin call (each step runs on the shard it changes).
 //!
 //! The Raft side (proposing and applying changes, the membership in the log) is
 //! `crate::cluster::driver`'s; the rules of each step are `crate::cluster::membership`'s.
