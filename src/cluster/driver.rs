@@ -645,6 +645,7 @@ impl ReplicatedStore {
             peers_connected: 0,
             connections_established: 0,
             handshake_refusals: 0,
+            connections_shed: 0,
             commit_latency: recorder.commit_latency.snapshot(LATENCY_BUCKETS_S),
             append_batch_entries: recorder.append_batch_entries.snapshot(BATCH_BUCKETS),
             follower_lag: status

@@ -447,7 +447,7 @@ impl Transport {
             hello.members.insert(inner.node_id, own);
         }
         for (id, addr) in dial {
-            tracing::info!(node = inner.node_id, peer = id, %addr, "new cluster member: dialing it");
+            tracing::info!(node = inner.node_id, shard = inner.place.index, peer = id, %addr, "new cluster member: dialing it");
             spawn(inner, dial_loop(inner.clone(), id));
         }
     }
@@ -507,13 +507,14 @@ impl Inner {
         let peer = event.peer.map_or("?".to_owned(), |id| id.to_string());
         if first {
             if event.by_us {
-                tracing::warn!(node = self.node_id, peer, addr = %event.peer_addr, "refused a peer at the handshake: {}", event.refusal);
+                tracing::warn!(node = self.node_id, shard = self.place.index, peer, addr = %event.peer_addr, "refused a peer at the handshake: {}", event.refusal);
             } else {
-                tracing::warn!(node = self.node_id, peer, addr = %event.peer_addr, "refused by a peer at the handshake: {}", event.refusal);
+                tracing::warn!(node = self.node_id, shard = self.place.index, peer, addr = %event.peer_addr, "refused by a peer at the handshake: {}", event.refusal);
             }
         } else {
             tracing::debug!(
                 node = self.node_id,
+                shard = self.place.index,
                 peer,
                 by_us = event.by_us,
                 "handshake refused again: {}",
@@ -600,7 +601,11 @@ async fn accept_loop(inner: Rc<Inner>, listener: TcpListener, handoff: Handoff) 
         let stream = match listener.accept().await {
             Ok(stream) => stream,
             Err(e) => {
-                tracing::warn!(node = inner.node_id, "accepting a peer connection: {e}");
+                tracing::warn!(
+                    node = inner.node_id,
+                    shard = inner.place.index,
+                    "accepting a peer connection: {e}"
+                );
                 glommio::timer::sleep(BACKOFF_MIN).await;
                 continue;
             }
@@ -664,7 +669,7 @@ async fn route_accepted(inner: Rc<Inner>, mut stream: TcpStream, handoff: Handof
         Ok(fd) => fd,
         Err(e) => {
             inner.count(|c| c.handoffs_shed += 1);
-            tracing::warn!(node = inner.node_id, shard, addr = %peer_addr, "cannot hand a peer connection to its shard: {e}");
+            tracing::warn!(node = inner.node_id, to_shard = shard, addr = %peer_addr, "cannot hand a peer connection to its shard: {e}");
             return;
         }
     };
@@ -673,7 +678,7 @@ async fn route_accepted(inner: Rc<Inner>, mut stream: TcpStream, handoff: Handof
         inner.count(|c| c.handoffs += 1);
     } else {
         inner.count(|c| c.handoffs_shed += 1);
-        tracing::debug!(node = inner.node_id, shard, addr = %peer_addr, "shard {shard} cannot take a peer connection now: closed (its dialer retries)");
+        tracing::debug!(node = inner.node_id, to_shard = shard, addr = %peer_addr, "shard {shard} cannot take a peer connection now: closed (its dialer retries)");
     }
 }
 
@@ -707,6 +712,7 @@ async fn dial_loop(inner: Rc<Inner>, peer: u64) {
         let Some(addr) = inner.peers.borrow().get(&peer).map(|p| p.raft_addr) else {
             tracing::info!(
                 node = inner.node_id,
+                shard = inner.place.index,
                 peer,
                 "no longer a cluster member: not dialing it any more"
             );
@@ -721,7 +727,7 @@ async fn dial_loop(inner: Rc<Inner>, peer: u64) {
             }
             Err(e) => {
                 if !unreachable_logged {
-                    tracing::info!(node = inner.node_id, peer, %addr, "cannot reach peer (retrying with backoff): {e}");
+                    tracing::info!(node = inner.node_id, shard = inner.place.index, peer, %addr, "cannot reach peer (retrying with backoff): {e}");
                     unreachable_logged = true;
                 }
             }
@@ -815,25 +821,25 @@ fn note_end(inner: &Inner, peer: Option<u64>, addr: SocketAddr, end: &Connection
         ConnectionEnd::Refused | ConnectionEnd::Closing => {}
         ConnectionEnd::HandshakeTimeout => {
             inner.count(|c| c.stalled_connections += 1);
-            tracing::info!(node = inner.node_id, ?peer, %addr, "closing a peer connection: {end}");
+            tracing::info!(node = inner.node_id, shard = inner.place.index, ?peer, %addr, "closing a peer connection: {end}");
         }
         ConnectionEnd::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
             inner.count(|c| c.stalled_connections += 1);
-            tracing::warn!(node = inner.node_id, ?peer, %addr, "closing a stalled peer connection: nothing for {:?}", inner.idle_timeout);
+            tracing::warn!(node = inner.node_id, shard = inner.place.index, ?peer, %addr, "closing a stalled peer connection: nothing for {:?}", inner.idle_timeout);
         }
         ConnectionEnd::Wire(WireError::FrameTooLarge { .. }) => {
             inner.count(|c| c.frames_too_large += 1);
-            tracing::warn!(node = inner.node_id, ?peer, %addr, "closing a peer connection: {end}");
+            tracing::warn!(node = inner.node_id, shard = inner.place.index, ?peer, %addr, "closing a peer connection: {end}");
         }
         ConnectionEnd::Wire(_) => {
             inner.count(|c| c.decode_errors += 1);
-            tracing::warn!(node = inner.node_id, ?peer, %addr, "closing a peer connection: {end}");
+            tracing::warn!(node = inner.node_id, shard = inner.place.index, ?peer, %addr, "closing a peer connection: {end}");
         }
         ConnectionEnd::Io(_) | ConnectionEnd::Eof => {
             if peer.is_some() {
-                tracing::info!(node = inner.node_id, ?peer, %addr, "peer connection closed: {end}");
+                tracing::info!(node = inner.node_id, shard = inner.place.index, ?peer, %addr, "peer connection closed: {end}");
             } else {
-                tracing::debug!(node = inner.node_id, %addr, "peer connection closed during the handshake: {end}");
+                tracing::debug!(node = inner.node_id, shard = inner.place.index, %addr, "peer connection closed during the handshake: {end}");
             }
         }
     }
@@ -1136,6 +1142,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 inner.count(|c| c.dropped_oversize += 1);
                 tracing::warn!(
                     node = inner.node_id,
+                    shard = inner.place.index,
                     peer,
                     shard = batch[start].0,
                     bytes = message_bytes_estimate(&batch[start].1),

@@ -448,6 +448,11 @@ const RAFT_COUNTERS: &[(&str, &str, RaftRead)] = &[
         |f| f.handshake_refusals,
     ),
     (
+        "pinq_raft_connections_shed",
+        "Accepted peer connections closed unserved: too many handshakes in progress, or (shard 0) their shard could not take them.",
+        |f| f.connections_shed,
+    ),
+    (
         "pinq_subscription_closes_lost",
         "Ends of subscription streams (on a change of leader) another shard could no longer take.",
         |f| f.closes_lost,

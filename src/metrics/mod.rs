@@ -230,6 +230,9 @@ pub struct RaftFigures {
     pub connections_established: u64,
     /// Handshakes of the shard's transport refused, either side.
     pub handshake_refusals: u64,
+    /// Accepted peer connections the shard closed unserved: too many handshakes in progress,
+    /// or (the listening shard) the connection's shard could not take it.
+    pub connections_shed: u64,
     /// Subscription closes another shard could not take (it had stopped).
     pub closes_lost: u64,
     /// A proposal → its entry committed and applied here (leader only).

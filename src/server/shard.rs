@@ -1412,6 +1412,7 @@ impl Shard {
             figures.drops.inbound = c.dropped_inbound;
             figures.connections_established = c.connections_established;
             figures.handshake_refusals = c.handshake_refusals;
+            figures.connections_shed = c.handshakes_shed + c.handoffs_shed;
             figures.peers_connected =
                 transport.peers().iter().filter(|p| p.reachable).count() as u64;
         }

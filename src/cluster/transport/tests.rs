@@ -473,6 +473,24 @@ fn a_preamble_naming_a_shard_the_node_does_not_run_is_refused_saying_why() {
 }
 
 #[test]
+fn a_connection_its_shard_cannot_take_is_closed_and_counted_and_dialed_again() {
+    run(|| async {
+        let addrs = free_addrs(2);
+        // Node 2's listening shard hands nothing over (as with its channel to shard 1 full).
+        let (two, _) = start(&config(2, &addrs), 2);
+        let (one, _) = start_shard(&config(1, &addrs), 1, 2, None);
+        until("two hand-offs refused", || {
+            two.counters().handoffs_shed >= 2
+        })
+        .await;
+        assert_eq!(two.counters().handoffs, 0);
+        assert!(!all_reachable(&one));
+        one.stop();
+        two.stop();
+    });
+}
+
+#[test]
 fn a_connection_without_a_preamble_is_closed_as_undecodable() {
     run(|| async {
         let addrs = free_addrs(2);
