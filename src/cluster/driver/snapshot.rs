@@ -393,7 +393,7 @@ impl ReplicatedStore {
         match (result, offer) {
             (Ok(path), Some(offer)) => {
                 tracing::info!(dir = %self.dir().display(), index = d.index, bytes = d.bytes, took = ?started.elapsed(), "snapshot pulled");
-                self.stage(d.id(), path);
+                self.stage(d.id(), path).await;
                 self.step_offer(offer);
             }
             (Ok(path), None) => {
@@ -407,10 +407,15 @@ impl ReplicatedStore {
 
     /// Keeps a pulled file for its install; one older that raft never took goes (a follower
     /// keeps at most one staged file).
-    fn stage(&self, id: SnapshotId, path: PathBuf) {
+    async fn stage(&self, id: SnapshotId, path: PathBuf) {
+        if self.snapshots.installing.get() {
+            // The one being installed stays: at most two while an install runs.
+            self.snapshots.staged.borrow_mut().push((id, path));
+            return;
+        }
         let old = self.snapshots.staged.replace(vec![(id, path)]);
         for (_, old) in old {
-            let _ = std::fs::remove_file(old);
+            remove_staged(&old).await;
         }
     }
 
@@ -424,7 +429,7 @@ impl ReplicatedStore {
     /// matches the offer's size, command count and hash, the staging engine flushes and closes.
     async fn pull_file(&self, d: Descriptor) -> Result<PathBuf, StoreError> {
         let dir = staged_dir(self.dir(), &d);
-        let _ = std::fs::remove_dir_all(&dir);
+        remove_staged(&dir).await;
         std::fs::create_dir_all(&dir).map_err(|e| crate::storage::io_error(&dir, e))?;
         let live = self.path.engine();
         let env = LsmEnv {
@@ -445,7 +450,7 @@ impl ReplicatedStore {
         match checked.and(closed) {
             Ok(()) => Ok(dir),
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                remove_staged(&dir).await;
                 Err(e)
             }
         }
@@ -553,7 +558,7 @@ impl ReplicatedStore {
         }
         self.path.wal().wait_durable(last).await?;
         stop_here_if_asked("records");
-        self.finish_install().await?;
+        self.finish_install(d.id(), &path).await?;
         self.replica.borrow_mut().snapshot_written(index, last);
         self.note_snapshot_membership();
         tracing::info!(dir = %self.dir().display(), index, bytes = d.bytes, commands = d.commands, "installed a snapshot from the leader");
@@ -561,13 +566,17 @@ impl ReplicatedStore {
     }
 
     /// The install is durable: the marker and the staging engines go.
-    async fn finish_install(&self) -> Result<(), StoreError> {
+    /// Only the installed snapshot's staging engine goes: a newer one pulled meanwhile waits
+    /// for its own install.
+    async fn finish_install(&self, installed: SnapshotId, path: &Path) -> Result<(), StoreError> {
         let dir = self.dir().join(IN_DIR);
         dio::remove(&dir.join(MARKER)).await?;
         dio::sync_dir(&dir).await?;
-        for (_, path) in self.snapshots.staged.borrow_mut().drain(..) {
-            let _ = std::fs::remove_dir_all(path);
-        }
+        self.snapshots
+            .staged
+            .borrow_mut()
+            .retain(|(id, _)| *id != installed);
+        remove_staged(path).await;
         self.snapshots.installing.set(false);
         Ok(())
     }
@@ -590,8 +599,7 @@ impl ReplicatedStore {
             .wal()
             .wait_durable(self.snapshots.resumed_seq.get())
             .await?;
-        self.snapshots.staged.borrow_mut().push((d.id(), path));
-        self.finish_install().await?;
+        self.finish_install(d.id(), &path).await?;
         self.note_snapshot_membership();
         Ok(())
     }
@@ -614,6 +622,19 @@ fn stop_here_if_asked(step: &str) {
             libc::kill(libc::getpid(), libc::SIGKILL);
         }
     }
+}
+
+/// Removes a staging engine's directory, each file through the ring (its tables may be large;
+/// after an install they are links the shard's engine still holds).
+async fn remove_staged(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    for file in files {
+        let _ = dio::remove(&file).await;
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 fn staged_dir(dir: &Path, d: &Descriptor) -> PathBuf {
