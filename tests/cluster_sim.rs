@@ -537,6 +537,8 @@ struct Sim {
     trace: bool,
     /// `now`, for the raft core's log lines.
     clock: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// A directed test's crash: the next install (or redo) that reaches this point crashes.
+    crash_next_at: Option<CrashPoint>,
 }
 
 /// Where a failure happened, for assertion messages.
@@ -603,6 +605,7 @@ impl Sim {
             compact_safe: 0,
             trace: std::env::var_os("PINQ_SIM_TRACE").is_some(),
             clock,
+            crash_next_at: None,
         }
     }
 
@@ -1147,7 +1150,7 @@ impl Sim {
         mid: CrashPoint,
         after: CrashPoint,
     ) -> bool {
-        if self.crash_due() {
+        if self.crash_due(mid) {
             self.nodes[i].flushed = self.part_loaded(i, marker);
             self.crash_at(i, mid);
             return false;
@@ -1201,7 +1204,7 @@ impl Sim {
                 }
             }
         }
-        if self.crash_due() {
+        if self.crash_due(CrashPoint::Appended) {
             let disk = &self.nodes[i].disk;
             let synced = self.rng.usize(disk.synced..=disk.records.len());
             self.nodes[i].disk.synced = synced;
@@ -1230,14 +1233,19 @@ impl Sim {
         !self.crash_installing(i, CrashPoint::MarkerRemoved)
     }
 
-    /// Whether a crash comes at this step of an install (only while faults are injected).
-    fn crash_due(&mut self) -> bool {
+    /// Whether a crash comes at `point` of an install: while faults are injected now and then,
+    /// and where a directed test asks for one.
+    fn crash_due(&mut self, point: CrashPoint) -> bool {
+        if self.crash_next_at == Some(point) {
+            self.crash_next_at = None;
+            return true;
+        }
         self.faults && self.chance(SNAPSHOT_CRASH_PERMILLE)
     }
 
     /// A crash at `point` of a snapshot's install, now and then.
     fn crash_installing(&mut self, i: usize, point: CrashPoint) -> bool {
-        if !self.crash_due() {
+        if !self.crash_due(point) {
             return false;
         }
         self.crash_at(i, point);
@@ -2094,4 +2102,85 @@ fn a_stale_rejection_after_compaction_does_not_strand_a_follower() {
     // New entries must still reach the follower (with only the compacted log behind them).
     assert!(sim.publish_to(leader, 2));
     sim.settle();
+}
+
+/// Regression, found by the snapshot simulation (seed 152 with raft's `skip_bcast_commit`, and
+/// seed 908 without it, before the install marker was modelled): a follower crashed after its
+/// install flushed the snapshot's state and before the checkpoint was durable; the restart left
+/// its state machine at the snapshot's state labelled with the log's lower index, a flush made
+/// that pair durable, and after a second crash the node applied the entries after that index
+/// over the snapshot's state. With the marker, the restart loads the snapshot again at its own
+/// index (over a whole or a part-flushed load), so a flush and a crash right after it leave a
+/// node that converges.
+#[test]
+fn a_crash_after_an_install_flushed_then_a_flush_and_a_crash_after_the_restart_converge() {
+    for point in [CrashPoint::Loaded, CrashPoint::MidLoad] {
+        for seed in 150..155 {
+            crash_an_install_then_flush_and_crash_after_the_redo(seed, point);
+        }
+    }
+}
+
+fn crash_an_install_then_flush_and_crash_after_the_redo(seed: u64, point: CrashPoint) {
+    let mut sim = Sim::new(
+        seed,
+        SimConfig {
+            compaction: true,
+            lease: true,
+            snapshots: true,
+        },
+    );
+    sim.heal();
+    sim.settle();
+    let leader = sim.serving_nodes()[0];
+    let follower = (leader + 1) % sim.nodes.len();
+    sim.crash(follower);
+    sim.nodes[follower].restart_at_ms = u64::MAX;
+    // The leader's log moves past everything the follower has: it needs a snapshot.
+    let start = sim.now;
+    while sim.nodes[leader]
+        .replica
+        .as_ref()
+        .map_or(0, |r| r.log().first_index())
+        <= sim.nodes[follower].flushed.applied + 1
+    {
+        assert!(
+            sim.now - start < SETTLE_MS_MAX,
+            "the leader never compacted"
+        );
+        assert!(sim.publish_to(leader, 2));
+        for _ in 0..20 {
+            sim.step();
+        }
+    }
+    sim.crash_next_at = Some(point);
+    sim.nodes[follower].restart_at_ms = sim.now;
+    while sim.crash_next_at.is_some() {
+        assert!(sim.now - start < 2 * SETTLE_MS_MAX, "no install crashed");
+        sim.step();
+    }
+    let node = &sim.nodes[follower];
+    let marker = node.marker.clone();
+    assert!(node.replica.is_none(), "{}", sim.describe());
+    let Some(marker) = marker else {
+        panic!("seed {seed}: no marker after a crash at {point:?}");
+    };
+    // The restart finishes the install; a flush and a crash come before anything else.
+    sim.restart(follower);
+    let node = &mut sim.nodes[follower];
+    assert!(node.marker.is_none());
+    assert!(
+        node.sm == marker.state(),
+        "seed {seed}: the redo left another state"
+    );
+    assert_eq!(
+        node.replica.as_ref().map(Replica::applied),
+        Some(marker.point.index)
+    );
+    node.flushed = node.sm.clone();
+    sim.crash(follower);
+    sim.nodes[follower].restart_at_ms = sim.now;
+    sim.settle();
+    sim.check_end();
+    assert_eq!(sim.stats.installs_resumed, 1, "{:?}", sim.stats);
 }
