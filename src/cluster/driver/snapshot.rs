@@ -37,7 +37,7 @@ use crate::cluster::raft_log::RaftLog;
 use crate::cluster::record::RaftRecord;
 use crate::cluster::snapshot::{
     classify, encode_chunk, push_command, Chunk, ChunkRequest, CommandReader, Descriptor, Fetch,
-    SnapshotId, Taken, Traffic,
+    InstallPoint, SnapshotId, Taken, Traffic,
 };
 use crate::key::Key;
 use crate::log::wal::Payload;
@@ -777,31 +777,19 @@ fn remove_leftovers(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir.join(IN_DIR));
 }
 
-/// At open, with an unfinished install: the raft log starts at the snapshot (as the install's
-/// checkpoint would have made it). Returns the checkpoint record to write, if the log did not
-/// reach it before the stop.
+/// At open, with an unfinished install: the raft log starts at the snapshot (see
+/// [`crate::cluster::snapshot::resume_log`]).
 pub(super) fn resume_log(
     log: &mut RaftLog,
     interrupted: &Interrupted,
 ) -> Result<Option<RaftRecord>, String> {
     let d = &interrupted.descriptor;
-    if log.base().0 >= d.index {
-        return Ok(None);
-    }
-    let mut hard_state = log.hard_state().clone();
-    if hard_state.term < d.term {
-        hard_state.term = d.term;
-        hard_state.vote = 0;
-    }
-    hard_state.commit = hard_state.commit.max(d.index);
-    let record = RaftRecord::Checkpoint {
+    let point = InstallPoint {
         index: d.index,
         term: d.term,
-        hard_state,
-        conf: Some(interrupted.conf.clone()),
+        conf: interrupted.conf.clone(),
     };
-    log.apply_record(&record)?;
-    Ok(Some(record))
+    crate::cluster::snapshot::resume_log(log, &point)
 }
 
 impl Snapshots {
