@@ -53,11 +53,16 @@ fn deletes(ids: std::ops::Range<u64>) -> Command {
 }
 
 async fn all_ids(store: &LsmStore) -> Vec<u64> {
-    store
-        .scan(&[], Some(&[0x80]), usize::MAX)
-        .await
-        .expect("scan")
-        .iter()
+    ids_of(
+        &store
+            .scan(&[], Some(&[0x80]), usize::MAX)
+            .await
+            .expect("scan"),
+    )
+}
+
+fn ids_of(rows: &[(pinq::key::Key, Value)]) -> Vec<u64> {
+    rows.iter()
         .map(|(k, _)| EventKey::parse(k).expect("event key").event_id())
         .collect()
 }
@@ -559,13 +564,12 @@ fn replaying_the_log_onto_a_fresh_state_machine_reproduces_the_state_exactly() {
 }
 
 async fn engine_ids(engine: &pinq::storage::Engine) -> Vec<u64> {
-    engine
-        .scan(&[], Some(&[0x80]), usize::MAX)
-        .await
-        .expect("scan")
-        .iter()
-        .map(|(k, _)| EventKey::parse(k).expect("event key").event_id())
-        .collect()
+    ids_of(
+        &engine
+            .scan(&[], Some(&[0x80]), usize::MAX)
+            .await
+            .expect("scan"),
+    )
 }
 
 /// A Raft snapshot's switch: the shard's engine takes a staged engine's tables as its whole

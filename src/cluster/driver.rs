@@ -574,7 +574,7 @@ impl ReplicatedStore {
                 self.stop(e);
                 break;
             }
-            if self.snapshots.installing.get() {
+            if self.snapshots.installing.get().is_some() {
                 // The engine's flushed index is the snapshot's, not yet the log's.
                 continue;
             }

@@ -144,8 +144,8 @@ pub struct InstallPoint {
 }
 
 /// At open, with an unfinished install: the raft log starts at the snapshot, as the install's
-/// checkpoint would have made it (the engine's state is the snapshot's once the staged file is
-/// loaded again, whatever a flush in the middle left). Returns the checkpoint record to write,
+/// checkpoint would have made it (the engine's state is the snapshot's once it has adopted the
+/// staged tables, if the stop came before that switch). Returns the checkpoint record to write,
 /// if the log did not reach it before the stop; the caller makes it durable before it removes
 /// the marker.
 pub fn resume_log(log: &mut RaftLog, point: &InstallPoint) -> Result<Option<RaftRecord>, String> {

@@ -85,8 +85,9 @@ pub(super) struct Snapshots {
     staged: RefCell<Vec<(SnapshotId, PathBuf)>>,
     /// An install started before the last stop and must be finished first.
     pub(super) interrupted: RefCell<Option<Interrupted>>,
-    /// Set while an install runs: the reclaimer does not compact meanwhile.
-    pub(super) installing: Cell<bool>,
+    /// The snapshot an install is switching in: the reclaimer does not compact meanwhile,
+    /// and a newer pull does not remove its staging engine.
+    pub(super) installing: Cell<Option<SnapshotId>>,
     /// The checkpoint record written at open for an unfinished install.
     resumed_seq: Cell<u64>,
 }
@@ -405,15 +406,17 @@ impl ReplicatedStore {
         }
     }
 
-    /// Keeps a pulled file for its install; one older that raft never took goes (a follower
-    /// keeps at most one staged file).
+    /// Keeps a pulled staging engine for its install; any other that raft never took goes,
+    /// but not the one an install is using: at most two are kept.
     async fn stage(&self, id: SnapshotId, path: PathBuf) {
-        if self.snapshots.installing.get() {
-            // The one being installed stays: at most two while an install runs.
-            self.snapshots.staged.borrow_mut().push((id, path));
-            return;
-        }
-        let old = self.snapshots.staged.replace(vec![(id, path)]);
+        let installing = self.snapshots.installing.get();
+        let old: Vec<_> = {
+            let mut staged = self.snapshots.staged.borrow_mut();
+            let (keep, old) = staged.drain(..).partition(|(s, _)| Some(*s) == installing);
+            *staged = keep;
+            staged.push((id, path));
+            old
+        };
         for (_, old) in old {
             remove_staged(&old).await;
         }
@@ -544,7 +547,7 @@ impl ReplicatedStore {
                 format!("the snapshot at index {index} was not pulled"),
             )
         })?;
-        self.snapshots.installing.set(true);
+        self.snapshots.installing.set(Some(d.id()));
         write_marker(self.dir(), &d, meta.get_conf_state()).await?;
         stop_here_if_asked("marker");
         self.path.engine().adopt(&path, index).await?;
@@ -565,9 +568,8 @@ impl ReplicatedStore {
         Ok(())
     }
 
-    /// The install is durable: the marker and the staging engines go.
-    /// Only the installed snapshot's staging engine goes: a newer one pulled meanwhile waits
-    /// for its own install.
+    /// The install is durable: the marker and the installed snapshot's staging engine go (a
+    /// newer one pulled meanwhile waits for its own install).
     async fn finish_install(&self, installed: SnapshotId, path: &Path) -> Result<(), StoreError> {
         let dir = self.dir().join(IN_DIR);
         dio::remove(&dir.join(MARKER)).await?;
@@ -577,7 +579,7 @@ impl ReplicatedStore {
             .borrow_mut()
             .retain(|(id, _)| *id != installed);
         remove_staged(path).await;
-        self.snapshots.installing.set(false);
+        self.snapshots.installing.set(None);
         Ok(())
     }
 
@@ -589,7 +591,7 @@ impl ReplicatedStore {
         };
         let d = interrupted.descriptor;
         tracing::info!(dir = %self.dir().display(), index = d.index, "finishing a snapshot install a stop interrupted");
-        self.snapshots.installing.set(true);
+        self.snapshots.installing.set(Some(d.id()));
         let path = staged_dir(self.dir(), &d);
         // The manifest's index says whether the switch was made before the stop.
         if self.path.engine().flushed_index() < d.index {
