@@ -229,8 +229,9 @@ struct Snapshot {
   #               first .. first + count; at most 4 are outstanding)
   #
   # The file is a sequence of `len u32 | command[len]` (pinq commands, each with its own
-  # CRC32C); `hash` is its xxh3-64, `bytes` its length. A follower steps the offer into its raft
-  # core only once the whole file is on its disk and matches the hash. A message of another
+  # CRC32C); `hash` is its xxh3-64, `bytes` its length. A follower applies the commands to a
+  # staging engine as the chunks arrive and steps the offer into its raft core only once the
+  # whole stream is staged and matches the offer's size, command count and hash. A message of another
   # first byte is dropped and counted (`snapshot_malformed`).
   data @0 :Data;
   metadata @1 :SnapshotMetadata;

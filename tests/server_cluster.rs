@@ -953,46 +953,44 @@ fn a_snapshot_larger_than_a_frame_streams_and_kills_during_its_install_leave_a_n
     cluster.kill9(follower);
     let filler = "s".repeat(16 << 10);
     let mut total = 0;
-    // Batches of 1 MiB: one publish command is one Raft entry, below a frame.
-    for round in 0..24 {
-        let batch: Vec<String> = (0..64).map(|i| format!("{round}-{i}-{filler}")).collect();
-        total += batch.len();
-        publish(&cluster.addr(leader), "big", &batch);
-    }
-    // Let the leader flush and compact its log past what the follower has.
-    std::thread::sleep(Duration::from_secs(2));
-
-    // Kill the follower right after it pulled the file (or, once a kill landed mid-install,
-    // right after the restart began to finish it), at a few delays: each kill lands before,
-    // during or after an install, and each restart must still converge.
-    let mut killed_mid_install = 0;
-    for delay_ms in [0u64, 60, 200] {
-        cluster.start_node(follower);
-        // The pull's end, or (after a kill that landed mid-install) the restart's finishing of
-        // the install.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut seen = Vec::new();
-        while !seen.iter().any(|l: &String| {
-            l.contains("snapshot pulled") || l.contains("finishing a snapshot install")
-        }) {
-            assert!(
-                Instant::now() < deadline,
-                "node {follower} neither pulled nor finished a snapshot:\n{}",
-                seen.join("\n")
-            );
-            seen.extend(cluster.server(follower).drain_output());
-            std::thread::sleep(Duration::from_millis(10));
+    // The follower dies right after each step of an install in turn (the node kills itself
+    // with SIGKILL there: PINQ_FAULT_INSTALL_STOP). Each start first finishes the install the
+    // last one left (its marker is on disk), then is behind the leader's log again (more
+    // publishes, compacted away) and takes a new snapshot, whose install it dies in.
+    for (round, step) in ["marker", "adopt", "records"].into_iter().enumerate() {
+        // Batches of 1 MiB: one publish command is one Raft entry, below a frame.
+        let batches = if round == 0 { 24 } else { 2 };
+        for b in 0..batches {
+            let batch: Vec<String> = (0..64)
+                .map(|i| format!("{round}-{b}-{i}-{filler}"))
+                .collect();
+            total += batch.len();
+            publish(&cluster.addr(leader), "big", &batch);
         }
-        std::thread::sleep(Duration::from_millis(delay_ms));
+        // Let the leader flush and compact its log past what the follower has.
+        std::thread::sleep(Duration::from_secs(2));
+        cluster.start_node_env(follower, &[("PINQ_FAULT_INSTALL_STOP", step)]);
+        // Killed by its signal, it has no exit code; its last line says where it stopped.
+        cluster
+            .server_mut(follower)
+            .wait_exit(Duration::from_secs(60));
+        let output = cluster.server(follower).drain_output().join("\n");
+        assert!(
+            output.contains(&format!(
+                "PINQ_FAULT_INSTALL_STOP={step}: this node kills itself"
+            )),
+            "node {follower} did not stop after the install's {step} step:\n{output}"
+        );
+        assert!(
+            round == 0 || output.contains("finishing a snapshot install a stop interrupted"),
+            "the start after a stop mid-install finishes that install first:\n{output}"
+        );
         cluster.kill9(follower);
-        if find_file(&cluster.member(follower).data_dir, "INSTALLING").is_some() {
-            killed_mid_install += 1;
-        }
+        assert!(
+            find_file(&cluster.member(follower).data_dir, "INSTALLING").is_some(),
+            "node {follower} stopped after the install's {step} step with its marker on disk:\n{output}"
+        );
     }
-    assert!(
-        killed_mid_install > 0,
-        "no kill landed while the install's marker was on disk"
-    );
     cluster.start_node(follower);
     wait_caught_up(&cluster, follower, leader, Duration::from_secs(30));
     assert!(

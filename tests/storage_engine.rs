@@ -53,11 +53,16 @@ fn deletes(ids: std::ops::Range<u64>) -> Command {
 }
 
 async fn all_ids(store: &LsmStore) -> Vec<u64> {
-    store
-        .scan(&[], Some(&[0x80]), usize::MAX)
-        .await
-        .expect("scan")
-        .iter()
+    ids_of(
+        &store
+            .scan(&[], Some(&[0x80]), usize::MAX)
+            .await
+            .expect("scan"),
+    )
+}
+
+fn ids_of(rows: &[(pinq::key::Key, Value)]) -> Vec<u64> {
+    rows.iter()
         .map(|(k, _)| EventKey::parse(k).expect("event key").event_id())
         .collect()
 }
@@ -555,5 +560,82 @@ fn replaying_the_log_onto_a_fresh_state_machine_reproduces_the_state_exactly() {
         assert_eq!(recovered, everything(&live));
         assert_eq!(store.event_id_high_water(), live.event_id_high_water());
         store.close().await.expect("close");
+    });
+}
+
+async fn engine_ids(engine: &pinq::storage::Engine) -> Vec<u64> {
+    ids_of(
+        &engine
+            .scan(&[], Some(&[0x80]), usize::MAX)
+            .await
+            .expect("scan"),
+    )
+}
+
+/// A Raft snapshot's switch: the shard's engine takes a staged engine's tables as its whole
+/// state in one manifest commit; what it held before (tables and memtable) is gone, the
+/// snapshot's index is its applied index, and a reopen finds the same. The staged directory
+/// stays whole (an interrupted install adopts it again).
+#[test]
+fn adopting_a_staged_engine_replaces_the_whole_state_with_one_manifest_commit() {
+    use pinq::storage::Engine;
+    let dir = tempfile::tempdir().expect("tmp");
+    let (live_dir, staged_dir) = (dir.path().join("live"), dir.path().join("staged"));
+    run(move || async move {
+        let staged = Engine::open_with(&staged_dir, small_options(), LsmEnv::default())
+            .await
+            .expect("open staged")
+            .engine;
+        staged.start().expect("start");
+        for (seq, chunk) in (1000..1400u64).step_by(100).enumerate() {
+            staged.apply(seq as u64 + 1, &puts(chunk..chunk + 100, 0));
+        }
+        staged.begin_close(true).await.expect("flush staged");
+        staged.finish_close().await;
+
+        let live = Engine::open_with(&live_dir, small_options(), LsmEnv::default())
+            .await
+            .expect("open live")
+            .engine;
+        live.start().expect("start");
+        live.apply(1, &puts(0..100, 0));
+        live.flush().await.expect("flush");
+        live.apply(2, &puts(5000..5010, 0));
+        live.apply(3, &deletes(1000..1010));
+        assert_eq!(live.flushed_index(), 1);
+
+        live.adopt(&staged_dir, 70).await.expect("adopt");
+        let want: Vec<u64> = (1000..1400).collect();
+        assert_eq!(
+            engine_ids(&live).await,
+            want,
+            "only the staged state is left"
+        );
+        assert_eq!(live.flushed_index(), 70, "the snapshot's index is applied");
+        assert_eq!(
+            live.event_id_high_water(),
+            5009,
+            "the higher mark of the two"
+        );
+        live.apply(71, &puts(7000..7001, 0));
+        live.begin_close(true).await.expect("close");
+        live.finish_close().await;
+        drop(live);
+
+        let opened = Engine::open_with(&live_dir, small_options(), LsmEnv::default())
+            .await
+            .expect("reopen");
+        assert_eq!(opened.applied_index, 71);
+        let mut want = want;
+        want.push(7000);
+        assert_eq!(
+            engine_ids(&opened.engine).await,
+            want,
+            "the reopen finds the same"
+        );
+        let staged = Engine::open_with(&staged_dir, small_options(), LsmEnv::default())
+            .await
+            .expect("staged intact");
+        assert_eq!(engine_ids(&staged.engine).await.len(), 400);
     });
 }

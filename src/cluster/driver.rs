@@ -440,95 +440,6 @@ impl ReplicatedStore {
         }
     }
 
-    /// Deletes every message this follower held before a snapshot, a page at a time, each
-    /// page read from after the last one (not from the first key again: the deletes it made
-    /// are tombstones every later scan would step over, quadratic in the shard's size).
-    async fn forget_messages(&self, index: u64) -> Result<(), StoreError> {
-        let mut start = Key::new();
-        loop {
-            let rows = self
-                .path
-                .engine()
-                .scan(&start, None, SNAPSHOT_PAGE_KEYS)
-                .await?;
-            let Some((last, _)) = rows.last() else {
-                return Ok(());
-            };
-            start = last.clone();
-            start.push(0);
-            let keys = rows
-                .into_iter()
-                .filter_map(|(k, _)| crate::key::EventKey::parse(&k).ok())
-                .collect::<Vec<_>>();
-            if keys.is_empty() {
-                // Past the event keys (the scan is in key order): nothing more to delete.
-                return Ok(());
-            }
-            self.apply_one(index, &Command::Delete { keys }).await?;
-        }
-    }
-
-    /// Drops every idempotent-publish entry this follower held before a snapshot: the
-    /// snapshot brings the leader's, and one the leader has forgotten since must not outlive
-    /// it here. (Group policies need no such step: they are only ever overwritten, and the
-    /// snapshot carries each one the leader holds.)
-    async fn forget_sequences(&self, index: u64) -> Result<(), StoreError> {
-        let (mut start, end) = crate::log::sequences::sequence_key_range();
-        loop {
-            let rows = self
-                .path
-                .engine()
-                .scan(&start, Some(&end), SNAPSHOT_PAGE_KEYS)
-                .await?;
-            let Some((last, _)) = rows.last() else {
-                return Ok(());
-            };
-            start = last.clone();
-            start.push(0);
-            let full = rows.len() == SNAPSHOT_PAGE_KEYS;
-            let forget = rows
-                .iter()
-                .filter_map(|(k, _)| crate::log::sequences::sequence_key_event_id(k))
-                .collect();
-            let command = Command::StoreSequenced {
-                messages: Vec::new(),
-                event_id_high_water: self.path.engine().event_id_high_water(),
-                remember: Vec::new(),
-                forget,
-            };
-            self.apply_one(index, &command).await?;
-            if !full {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Drops every copy record this follower held before a snapshot (the snapshot brings the
-    /// leader's; one whose message the leader deleted must not outlive it here).
-    async fn forget_copy_records(&self, index: u64) -> Result<(), StoreError> {
-        let (start, end) = crate::log::copies::copy_key_range();
-        loop {
-            let rows = self
-                .path
-                .engine()
-                .scan(&start, Some(&end), SNAPSHOT_PAGE_KEYS)
-                .await?;
-            let dropped: Vec<_> = rows
-                .iter()
-                .filter_map(|(k, _)| crate::log::copies::CopyId::from_store_key(k))
-                .collect();
-            if dropped.is_empty() {
-                return Ok(());
-            }
-            let command = Command::Copies {
-                records: Vec::new(),
-                deleted: Vec::new(),
-                dropped,
-            };
-            self.apply_one(index, &command).await?;
-        }
-    }
-
     /// Applies one command to the engine after its admission (the bound on frozen memtables);
     /// the log-size cap freezes the memtable as standalone does, and a freeze starts a new
     /// log segment.
@@ -668,7 +579,7 @@ impl ReplicatedStore {
                 self.stop(e);
                 break;
             }
-            if self.snapshots.installing.get() {
+            if self.snapshots.installing.get().is_some() {
                 // The engine's flushed index is the snapshot's, not yet the log's.
                 continue;
             }

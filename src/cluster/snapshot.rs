@@ -29,7 +29,14 @@
 //! A lost chunk or request is noticed by the receiver ([`Fetch::due`]: no progress within
 //! [`RESEND_AFTER_MS`]) and asked for again from the first chunk it lacks: the pull resumes, it
 //! never starts over. Memory on either side is bounded by [`WINDOW_CHUNKS`] chunks per transfer.
+//!
+//! **An install a crash interrupted** ([`resume_log`]): what the raft log becomes at the next
+//! start, as a pure function shared by the driver and the simulation (`tests/cluster_sim.rs`).
 
+use raft::eraftpb::ConfState;
+
+use crate::cluster::raft_log::RaftLog;
+use crate::cluster::record::RaftRecord;
 use crate::log::Command;
 
 /// Chunks a receiver asks for before the first of them arrives.
@@ -126,6 +133,39 @@ impl Descriptor {
         out.extend_from_slice(&self.hash.to_le_bytes());
         out
     }
+}
+
+/// The point an install marker names: the snapshot's index, term and membership.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstallPoint {
+    pub index: u64,
+    pub term: u64,
+    pub conf: ConfState,
+}
+
+/// At open, with an unfinished install: the raft log starts at the snapshot, as the install's
+/// checkpoint would have made it (the engine's state is the snapshot's once it has adopted the
+/// staged tables, if the stop came before that switch). Returns the checkpoint record to write,
+/// if the log did not reach it before the stop; the caller makes it durable before it removes
+/// the marker.
+pub fn resume_log(log: &mut RaftLog, point: &InstallPoint) -> Result<Option<RaftRecord>, String> {
+    if log.base().0 >= point.index {
+        return Ok(None);
+    }
+    let mut hard_state = log.hard_state().clone();
+    if hard_state.term < point.term {
+        hard_state.term = point.term;
+        hard_state.vote = 0;
+    }
+    hard_state.commit = hard_state.commit.max(point.index);
+    let record = RaftRecord::Checkpoint {
+        index: point.index,
+        term: point.term,
+        hard_state,
+        conf: Some(point.conf.clone()),
+    };
+    log.apply_record(&record)?;
+    Ok(Some(record))
 }
 
 /// A receiver's ask for chunks `first .. first + count` of a snapshot.
@@ -452,6 +492,73 @@ mod tests {
             chunk_bytes: 100,
             hash: 0xfeed,
         }
+    }
+
+    fn point(index: u64, term: u64) -> InstallPoint {
+        InstallPoint {
+            index,
+            term,
+            conf: ConfState {
+                voters: vec![1, 2, 3],
+                ..ConfState::default()
+            },
+        }
+    }
+
+    fn hard_state(term: u64, vote: u64, commit: u64) -> raft::eraftpb::HardState {
+        raft::eraftpb::HardState {
+            term,
+            vote,
+            commit,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_interrupted_install_resumes_a_log_behind_at_the_snapshot() {
+        let mut log = RaftLog::new(vec![1, 2, 3]);
+        log.apply_record(&RaftRecord::HardState(hard_state(2, 1, 0)))
+            .unwrap();
+        let record = resume_log(&mut log, &point(40, 3)).unwrap();
+        let Some(RaftRecord::Checkpoint {
+            index,
+            term,
+            hard_state: hs,
+            conf,
+        }) = record
+        else {
+            panic!("no checkpoint: {record:?}");
+        };
+        assert_eq!((index, term), (40, 3));
+        // A newer term than the log knew: no vote cast in it.
+        assert_eq!((hs.term, hs.vote, hs.commit), (3, 0, 40));
+        assert_eq!(conf, Some(point(40, 3).conf));
+        assert_eq!(log.base(), (40, 3));
+        assert_eq!(log.hard_state().commit, 40);
+        assert_eq!(log.conf_state(), &point(40, 3).conf);
+    }
+
+    #[test]
+    fn an_interrupted_install_keeps_a_newer_term_and_its_vote() {
+        let mut log = RaftLog::new(vec![1, 2, 3]);
+        log.apply_record(&RaftRecord::HardState(hard_state(5, 2, 0)))
+            .unwrap();
+        let Some(RaftRecord::Checkpoint { hard_state: hs, .. }) =
+            resume_log(&mut log, &point(40, 3)).unwrap()
+        else {
+            panic!("no checkpoint");
+        };
+        assert_eq!((hs.term, hs.vote, hs.commit), (5, 2, 40));
+    }
+
+    #[test]
+    fn an_interrupted_install_whose_checkpoint_is_durable_writes_nothing() {
+        let mut log = RaftLog::new(vec![1, 2, 3]);
+        let first = resume_log(&mut log, &point(40, 3)).unwrap();
+        assert!(first.is_some());
+        let before = (log.base(), log.hard_state().clone());
+        assert_eq!(resume_log(&mut log, &point(40, 3)), Ok(None));
+        assert_eq!((log.base(), log.hard_state().clone()), before);
     }
 
     #[test]

@@ -185,6 +185,15 @@ impl Cluster {
         self.start_nodes(&[id], vec![args]);
     }
 
+    /// Starts member `id` with `extra` added to the cluster's environment (fault injection).
+    pub fn start_node_env(&mut self, id: u64, extra: &[(&str, &str)]) {
+        let saved = self.env.clone();
+        self.env
+            .extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        self.start_node(id);
+        self.env = saved;
+    }
+
     /// Starts members `ids`, member `ids[i]` with `args[i]` (from [`Cluster::args`], whose
     /// `--data-dir` may point elsewhere than the member's own), at once:
     /// each waits for its listening line, and they need not wait for one another.

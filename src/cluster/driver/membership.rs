@@ -23,7 +23,8 @@ use crate::storage::StoreError;
 pub struct MembershipNews {
     /// The membership in force here.
     pub conf: ConfState,
-    /// Addresses carried by the changes applied here since the replica opened.
+    /// Addresses carried by the changes applied here since the replica opened, of nodes that
+    /// are still members.
     pub learned: Vec<MemberAddr>,
 }
 
@@ -183,11 +184,24 @@ impl ReplicatedStore {
         );
         {
             let mut news = self.membership.news.borrow_mut();
-            news.conf = conf_state;
             if let Some(member) = learned {
                 news.learned.retain(|m| m.id != member.id);
                 news.learned.push(member);
             }
+            // Only members' addresses are kept: bounded by the group's size, not by every node
+            // ever added.
+            let member = |id: &u64| {
+                [
+                    &conf_state.voters,
+                    &conf_state.learners,
+                    &conf_state.voters_outgoing,
+                    &conf_state.learners_next,
+                ]
+                .iter()
+                .any(|ids| ids.contains(id))
+            };
+            news.learned.retain(|m| member(&m.id));
+            news.conf = conf_state;
         }
         self.membership.changed.notify();
         Ok(())

@@ -1,22 +1,27 @@
 //! The driver's part of snapshots (`crate::cluster::snapshot` holds the formats and the pull's
 //! bookkeeping): the leader builds the snapshot file once and serves its chunks; a follower
-//! pulls the file into a staging directory, steps the offer into its raft core once the file is
-//! whole, and installs it so that a crash at any point leaves the old state or the new one.
+//! pulls the stream into a staging engine, steps the offer into its raft core once the stream
+//! is whole, and installs it with one atomic switch, so that a crash at any point leaves the
+//! old state or the new one.
 //!
-//! **Files.** `<shard>/snapshot-out/<index>-<term>.snap` on a leader (one at a time, removed when
-//! a newer one replaces it and at start), `<shard>/snapshot-in/<leader>-<index>-<term>-<hash>.snap`
-//! on a follower (each written through, fdatasynced and its directory synced before it is used).
+//! **Files.** `<shard>/snapshot-out/<index>-<term>.snap` on a leader (one at a time, removed
+//! when a newer one replaces it and at start). On a follower, a staging engine in
+//! `<shard>/snapshot-in/<leader>-<index>-<term>-<hash>/`: the pull applies each chunk's
+//! commands to it as the chunk arrives (bounded by its small memtables: the pull's memory does
+//! not grow with the snapshot), and once the stream's size, command count and hash match the
+//! offer, it flushes and closes (its manifest durable) before the offer is stepped.
 //!
-//! **Install.** Before the engine is touched, `snapshot-in/INSTALLING` is written (atomically:
-//! a temporary file, fdatasync, rename, directory sync) naming the staged file, the snapshot's
-//! index, term and membership. Then the follower's messages, publish entries and copy records
-//! go, the file's commands come in, the engine flushes, the checkpoint (and the Ready's other
+//! **Install.** Before the shard's engine is touched, `snapshot-in/INSTALLING` is written
+//! (atomically: a temporary file, fdatasync, rename, directory sync) naming the staging
+//! engine, the snapshot's index, term and membership. Then the engine adopts the staging
+//! engine's tables ([`crate::storage::engine::Engine::adopt`]: hard links and one manifest
+//! commit carrying the snapshot's index, the switch), the checkpoint (and the Ready's other
 //! records) are made durable, and only then is the marker removed. A crash before the marker
-//! leaves the old state (the engine was not touched); a crash after it leaves a marker, and the
-//! next start installs the staged file again before the replica does anything else (every
-//! step is idempotent: everything is dropped and the same commands applied), so the node ends
-//! with the new state. The engine's manifest may carry the snapshot's index from a flush in the
-//! middle of an install; the marker is what makes that state count as unfinished.
+//! leaves the old state; a crash after it leaves a marker, and the next start finishes the
+//! install before the replica does anything else: the raft log gets the checkpoint if it lacks
+//! it, and the engine adopts the staged tables unless its manifest already carries the
+//! snapshot's index (the switch happened). Only the adopt changes the engine, and it is one
+//! atomic manifest change, so the engine never holds a mix of the two states.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
@@ -32,21 +37,23 @@ use crate::cluster::raft_log::RaftLog;
 use crate::cluster::record::RaftRecord;
 use crate::cluster::snapshot::{
     classify, encode_chunk, push_command, Chunk, ChunkRequest, CommandReader, Descriptor, Fetch,
-    SnapshotId, Taken, Traffic,
+    InstallPoint, SnapshotId, Taken, Traffic,
 };
 use crate::key::Key;
 use crate::log::wal::Payload;
 use crate::ops::ratelimit::monotonic_ms;
+use crate::storage::engine::{Engine, LsmEnv};
 use crate::storage::io::{self as dio, DmaWriter};
 use crate::storage::signal::Signal;
-use crate::storage::{corrupt, StoreError};
+use crate::storage::{corrupt, LsmOptions, StoreError};
 
 /// How long after a failed snapshot build the next one may start.
 const RETRY_AFTER: Duration = Duration::from_secs(10);
 /// Largest chunk (smaller when `cluster.maxFrameBytes` is small).
 const CHUNK_BYTES_MAX: usize = 1 << 20;
-/// Bytes of the snapshot file read at a time while installing it.
-const READ_BYTES: usize = 1 << 20;
+/// A staging engine's memtable, at most (it has one more frozen): the bound on what a pull
+/// holds in memory besides its queued chunks.
+const STAGING_MEMTABLE_BYTES: usize = 32 << 20;
 /// Messages of a page grouped into one `Store` command, by bytes.
 const COMMAND_BYTES: usize = 1 << 20;
 /// Requests a leader queues per follower (one more is dropped: the follower asks again).
@@ -59,6 +66,8 @@ const OUT_DIR: &str = "snapshot-out";
 const IN_DIR: &str = "snapshot-in";
 const MARKER: &str = "INSTALLING";
 const MARKER_TMP: &str = "INSTALLING.tmp";
+/// See [`stop_here_if_asked`].
+const FAULT_INSTALL_STOP_ENV: &str = "PINQ_FAULT_INSTALL_STOP";
 
 /// A shard's snapshot state, both roles.
 #[derive(Default)]
@@ -76,8 +85,9 @@ pub(super) struct Snapshots {
     staged: RefCell<Vec<(SnapshotId, PathBuf)>>,
     /// An install started before the last stop and must be finished first.
     pub(super) interrupted: RefCell<Option<Interrupted>>,
-    /// Set while an install runs: the reclaimer does not compact meanwhile.
-    pub(super) installing: Cell<bool>,
+    /// The snapshot an install is switching in: the reclaimer does not compact meanwhile,
+    /// and a newer pull does not remove its staging engine.
+    pub(super) installing: Cell<Option<SnapshotId>>,
     /// The checkpoint record written at open for an unfinished install.
     resumed_seq: Cell<u64>,
 }
@@ -384,7 +394,7 @@ impl ReplicatedStore {
         match (result, offer) {
             (Ok(path), Some(offer)) => {
                 tracing::info!(dir = %self.dir().display(), index = d.index, bytes = d.bytes, took = ?started.elapsed(), "snapshot pulled");
-                self.stage(d.id(), path);
+                self.stage(d.id(), path).await;
                 self.step_offer(offer);
             }
             (Ok(path), None) => {
@@ -396,12 +406,19 @@ impl ReplicatedStore {
         }
     }
 
-    /// Keeps a pulled file for its install; one older that raft never took goes (a follower
-    /// keeps at most one staged file).
-    fn stage(&self, id: SnapshotId, path: PathBuf) {
-        let old = self.snapshots.staged.replace(vec![(id, path)]);
+    /// Keeps a pulled staging engine for its install; any other that raft never took goes,
+    /// but not the one an install is using: at most two are kept.
+    async fn stage(&self, id: SnapshotId, path: PathBuf) {
+        let installing = self.snapshots.installing.get();
+        let old: Vec<_> = {
+            let mut staged = self.snapshots.staged.borrow_mut();
+            let (keep, old) = staged.drain(..).partition(|(s, _)| Some(*s) == installing);
+            *staged = keep;
+            staged.push((id, path));
+            old
+        };
         for (_, old) in old {
-            let _ = std::fs::remove_file(old);
+            remove_staged(&old).await;
         }
     }
 
@@ -410,38 +427,39 @@ impl ReplicatedStore {
         staged.iter().find(|(s, _)| s == id).map(|(_, p)| p.clone())
     }
 
+    /// Pulls offer `d` into a staging engine of its own (`snapshot-in/<leader>-<index>-<term>-
+    /// <hash>/`), applying each chunk's commands as it arrives; once the stream is whole and
+    /// matches the offer's size, command count and hash, the staging engine flushes and closes.
     async fn pull_file(&self, d: Descriptor) -> Result<PathBuf, StoreError> {
-        let dir = self.dir().join(IN_DIR);
+        let dir = staged_dir(self.dir(), &d);
+        remove_staged(&dir).await;
         std::fs::create_dir_all(&dir).map_err(|e| crate::storage::io_error(&dir, e))?;
-        let path = dir.join(format!(
-            "{}-{}-{}-{:016x}.snap",
-            d.leader, d.index, d.term, d.hash
-        ));
-        let mut writer = DmaWriter::create(&path, d.chunk_bytes as usize).await?;
-        let mut hasher = Xxh3::new();
-        let pulled = self.pull_chunks(d, &mut writer, &mut hasher).await;
-        if let Err(e) = pulled {
-            writer.abandon().await;
-            return Err(e);
+        let live = self.path.engine();
+        let env = LsmEnv {
+            clock: None,
+            background_queue: Some(live.background_queue()),
+        };
+        let staging = Engine::open_with(&dir, staging_options(live.options()), env)
+            .await?
+            .engine;
+        let mut load = Load::new(&staging, self.config.entry_bytes_max);
+        let loaded = match staging.start() {
+            Ok(()) => self.pull_chunks(d, &mut load).await,
+            Err(e) => Err(e),
+        };
+        let checked = loaded.and_then(|()| load.check(&d, &dir));
+        let closed = staging.begin_close(checked.is_ok()).await;
+        staging.finish_close().await;
+        match checked.and(closed) {
+            Ok(()) => Ok(dir),
+            Err(e) => {
+                remove_staged(&dir).await;
+                Err(e)
+            }
         }
-        let bytes = writer.finish().await?;
-        dio::sync_dir(&dir).await?;
-        if bytes != d.bytes || hasher.digest() != d.hash {
-            let _ = dio::remove(&path).await;
-            return Err(corrupt(
-                &path,
-                "the pulled snapshot does not match its offer's hash",
-            ));
-        }
-        Ok(path)
     }
 
-    async fn pull_chunks(
-        &self,
-        d: Descriptor,
-        writer: &mut DmaWriter,
-        hasher: &mut Xxh3,
-    ) -> Result<(), StoreError> {
+    async fn pull_chunks(&self, d: Descriptor, load: &mut Load<'_>) -> Result<(), StoreError> {
         let gone = || corrupt(self.dir(), "the snapshot pull was replaced or stopped");
         loop {
             let arrived = {
@@ -453,7 +471,7 @@ impl ReplicatedStore {
                 std::mem::take(&mut i.queue)
             };
             for message in arrived {
-                self.write_chunk(d, &message, writer, hasher).await?;
+                self.load_chunk(d, &message, load).await?;
             }
             // No await from here to the wait: a chunk arriving after this look wakes it.
             let (requests, signal, complete, queued) = {
@@ -486,12 +504,11 @@ impl ReplicatedStore {
         }
     }
 
-    async fn write_chunk(
+    async fn load_chunk(
         &self,
         d: Descriptor,
         message: &Message,
-        writer: &mut DmaWriter,
-        hasher: &mut Xxh3,
+        load: &mut Load<'_>,
     ) -> Result<(), StoreError> {
         let Ok(Traffic::Chunk(chunk)) = classify(&message.get_snapshot().data[..]) else {
             return Ok(());
@@ -499,8 +516,7 @@ impl ReplicatedStore {
         if !self.take_chunk(d, &chunk) {
             return Ok(());
         }
-        hasher.update(chunk.bytes);
-        writer.append(chunk.bytes).await
+        load.feed(chunk.bytes, self.dir()).await
     }
 
     fn take_chunk(&self, d: Descriptor, chunk: &Chunk<'_>) -> bool {
@@ -531,9 +547,11 @@ impl ReplicatedStore {
                 format!("the snapshot at index {index} was not pulled"),
             )
         })?;
-        self.snapshots.installing.set(true);
+        self.snapshots.installing.set(Some(d.id()));
         write_marker(self.dir(), &d, meta.get_conf_state()).await?;
-        self.load_staged(&d, &path).await?;
+        stop_here_if_asked("marker");
+        self.path.engine().adopt(&path, index).await?;
+        stop_here_if_asked("adopt");
         let mut last = 0;
         for record in &deferred {
             last = self.path.wal().append(record)?;
@@ -542,53 +560,26 @@ impl ReplicatedStore {
                 .push_back((last, record.last_index()));
         }
         self.path.wal().wait_durable(last).await?;
-        self.finish_install().await?;
+        stop_here_if_asked("records");
+        self.finish_install(d.id(), &path).await?;
         self.replica.borrow_mut().snapshot_written(index, last);
         self.note_snapshot_membership();
         tracing::info!(dir = %self.dir().display(), index, bytes = d.bytes, commands = d.commands, "installed a snapshot from the leader");
         Ok(())
     }
 
-    /// The engine takes the staged file's state: everything it held goes, the file's commands
-    /// come in, and the engine flushes.
-    async fn load_staged(&self, d: &Descriptor, path: &Path) -> Result<(), StoreError> {
-        self.forget_messages(d.index).await?;
-        self.forget_sequences(d.index).await?;
-        self.forget_copy_records(d.index).await?;
-        let file = dio::open_read(path).await?;
-        let mut reader = CommandReader::new(self.config.entry_bytes_max.max(COMMAND_BYTES * 2));
-        let mut at = 0u64;
-        let result = async {
-            while at < d.bytes {
-                let len = (d.bytes - at).min(READ_BYTES as u64) as usize;
-                let read = dio::read_exact_at(&file, path, at, len).await?;
-                at += len as u64;
-                let commands = reader
-                    .feed(&read)
-                    .map_err(|e| corrupt(path, e.to_string()))?;
-                for command in &commands {
-                    self.apply_one(d.index, command).await?;
-                }
-            }
-            reader
-                .finish(d.commands)
-                .map_err(|e| corrupt(path, e.to_string()))
-        }
-        .await;
-        dio::close(file, path).await?;
-        result?;
-        self.path.engine().flush().await
-    }
-
-    /// The install is durable: the marker and the staged files go.
-    async fn finish_install(&self) -> Result<(), StoreError> {
+    /// The install is durable: the marker and the installed snapshot's staging engine go (a
+    /// newer one pulled meanwhile waits for its own install).
+    async fn finish_install(&self, installed: SnapshotId, path: &Path) -> Result<(), StoreError> {
         let dir = self.dir().join(IN_DIR);
         dio::remove(&dir.join(MARKER)).await?;
         dio::sync_dir(&dir).await?;
-        for (_, path) in self.snapshots.staged.borrow_mut().drain(..) {
-            let _ = std::fs::remove_file(path);
-        }
-        self.snapshots.installing.set(false);
+        self.snapshots
+            .staged
+            .borrow_mut()
+            .retain(|(id, _)| *id != installed);
+        remove_staged(path).await;
+        self.snapshots.installing.set(None);
         Ok(())
     }
 
@@ -600,15 +591,17 @@ impl ReplicatedStore {
         };
         let d = interrupted.descriptor;
         tracing::info!(dir = %self.dir().display(), index = d.index, "finishing a snapshot install a stop interrupted");
-        self.snapshots.installing.set(true);
-        let path = staged_file(self.dir(), &d);
-        self.load_staged(&d, &path).await?;
+        self.snapshots.installing.set(Some(d.id()));
+        let path = staged_dir(self.dir(), &d);
+        // The manifest's index says whether the switch was made before the stop.
+        if self.path.engine().flushed_index() < d.index {
+            self.path.engine().adopt(&path, d.index).await?;
+        }
         self.path
             .wal()
             .wait_durable(self.snapshots.resumed_seq.get())
             .await?;
-        self.snapshots.staged.borrow_mut().push((d.id(), path));
-        self.finish_install().await?;
+        self.finish_install(d.id(), &path).await?;
         self.note_snapshot_membership();
         Ok(())
     }
@@ -619,11 +612,104 @@ impl ReplicatedStore {
     }
 }
 
-fn staged_file(dir: &Path, d: &Descriptor) -> PathBuf {
+/// Fault injection for the kill test of an install (`tests/server_cluster.rs`):
+/// `PINQ_FAULT_INSTALL_STOP=marker|adopt|records` makes the process kill itself with SIGKILL
+/// right after that step of a follower's install, as a kill -9 landing there would. Never set
+/// in production.
+fn stop_here_if_asked(step: &str) {
+    if std::env::var(FAULT_INSTALL_STOP_ENV).is_ok_and(|asked| asked == step) {
+        tracing::warn!("{FAULT_INSTALL_STOP_ENV}={step}: this node kills itself mid-install");
+        // SAFETY: kill(2) on this process's own id; it has no memory-safety preconditions.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
+/// Removes a staging engine's directory, each file through the ring (its tables may be large;
+/// after an install they are links the shard's engine still holds).
+async fn remove_staged(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    for file in files {
+        let _ = dio::remove(&file).await;
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+fn staged_dir(dir: &Path, d: &Descriptor) -> PathBuf {
     dir.join(IN_DIR).join(format!(
-        "{}-{}-{}-{:016x}.snap",
+        "{}-{}-{}-{:016x}",
         d.leader, d.index, d.term, d.hash
     ))
+}
+
+/// The staging engine's settings: the shard's, with smaller memtables (the pull's memory
+/// bound) and no compaction (the shard's engine compacts the tables it adopts, as it would
+/// its own flushes).
+fn staging_options(live: &LsmOptions) -> LsmOptions {
+    let mut options = live.clone();
+    options.memtable_bytes_max = options.memtable_bytes_max.min(STAGING_MEMTABLE_BYTES);
+    options.frozen_memtables_max = 1;
+    options.compaction.tables_max = usize::MAX;
+    options.compaction.merge_width_min = usize::MAX;
+    options.compaction.dead_bytes_min = u64::MAX;
+    options.flush_on_close = true;
+    options
+}
+
+/// A pull's load into its staging engine: the stream's hash and size, and its commands.
+struct Load<'a> {
+    engine: &'a Engine,
+    reader: CommandReader,
+    hasher: Xxh3,
+    bytes: u64,
+    /// Commands applied: each goes in under the next sequence number (the staging engine has
+    /// no log; its manifest's index is replaced by the snapshot's when adopted).
+    applied: u64,
+}
+
+impl<'a> Load<'a> {
+    fn new(engine: &'a Engine, entry_bytes_max: usize) -> Load<'a> {
+        Load {
+            engine,
+            reader: CommandReader::new(entry_bytes_max.max(COMMAND_BYTES * 2)),
+            hasher: Xxh3::new(),
+            bytes: 0,
+            applied: 0,
+        }
+    }
+
+    async fn feed(&mut self, bytes: &[u8], dir: &Path) -> Result<(), StoreError> {
+        self.hasher.update(bytes);
+        self.bytes += bytes.len() as u64;
+        let commands = self
+            .reader
+            .feed(bytes)
+            .map_err(|e| corrupt(dir, e.to_string()))?;
+        for command in &commands {
+            let turn = self.engine.admit().await?;
+            self.applied += 1;
+            self.engine.apply(self.applied, command);
+            drop(turn);
+        }
+        Ok(())
+    }
+
+    /// The whole stream arrived: it must be what the offer announced.
+    fn check(&mut self, d: &Descriptor, dir: &Path) -> Result<(), StoreError> {
+        if self.bytes != d.bytes || self.hasher.digest() != d.hash {
+            return Err(corrupt(
+                dir,
+                "the pulled snapshot does not match its offer's hash",
+            ));
+        }
+        self.reader
+            .finish(d.commands)
+            .map_err(|e| corrupt(dir, e.to_string()))
+    }
 }
 
 /// Writes the install marker atomically.
@@ -672,10 +758,15 @@ pub(super) fn read_marker(dir: &Path) -> Result<Option<Interrupted>, StoreError>
     let Ok(RaftRecord::Conf { conf_state, .. }) = RaftRecord::decode(&body[53..]) else {
         return Err(damaged("holds no membership"));
     };
-    let staged = staged_file(dir, &descriptor);
-    let len = std::fs::metadata(&staged).map(|m| m.len()).ok();
-    if len != Some(descriptor.bytes) {
-        return Err(damaged("names a staged file that is missing or short"));
+    // The staging engine was closed, its manifest durable, before the marker was written.
+    let staged = staged_dir(dir, &descriptor);
+    if !matches!(
+        crate::storage::manifest::read_blocking(&staged),
+        Ok(Some(_))
+    ) {
+        return Err(damaged(
+            "names a staging engine that is missing or has no manifest",
+        ));
     }
     Ok(Some(Interrupted {
         descriptor,
@@ -688,31 +779,19 @@ fn remove_leftovers(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir.join(IN_DIR));
 }
 
-/// At open, with an unfinished install: the raft log starts at the snapshot (as the install's
-/// checkpoint would have made it). Returns the checkpoint record to write, if the log did not
-/// reach it before the stop.
+/// At open, with an unfinished install: the raft log starts at the snapshot (see
+/// [`crate::cluster::snapshot::resume_log`]).
 pub(super) fn resume_log(
     log: &mut RaftLog,
     interrupted: &Interrupted,
 ) -> Result<Option<RaftRecord>, String> {
     let d = &interrupted.descriptor;
-    if log.base().0 >= d.index {
-        return Ok(None);
-    }
-    let mut hard_state = log.hard_state().clone();
-    if hard_state.term < d.term {
-        hard_state.term = d.term;
-        hard_state.vote = 0;
-    }
-    hard_state.commit = hard_state.commit.max(d.index);
-    let record = RaftRecord::Checkpoint {
+    let point = InstallPoint {
         index: d.index,
         term: d.term,
-        hard_state,
-        conf: Some(interrupted.conf.clone()),
+        conf: interrupted.conf.clone(),
     };
-    log.apply_record(&record)?;
-    Ok(Some(record))
+    crate::cluster::snapshot::resume_log(log, &point)
 }
 
 impl Snapshots {

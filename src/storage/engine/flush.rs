@@ -14,7 +14,7 @@ use crate::key::Key;
 use crate::storage::compaction::{self, Verdict};
 use crate::storage::corrupt;
 use crate::storage::manifest::{self, TableEntry};
-use crate::storage::memtable::{Entry, Memtable};
+use crate::storage::memtable::{Entry, Memtable, MemtableCounters};
 use crate::storage::table::block::EntryRef;
 use crate::storage::table::{table_name, Table, TableWriter};
 use crate::storage::StoreError;
@@ -153,24 +153,33 @@ impl Inner {
             }
             st.manifest = next;
         }
-        {
-            let mut c = self.counters.borrow_mut();
-            c.flushes += 1;
-            c.flush_tombstones_dropped += dropped_tombstones;
-            c.flush_expired_dropped += dropped_expired;
-            if let Some((t, len)) = &table {
-                c.flush_bytes_written += len;
-                c.flush_entries += t.props().entries();
-            }
-            let f = &mut c.flushed_memtables;
-            f.puts += mt_counters.puts;
-            f.annihilated += mt_counters.annihilated;
-            f.tombstones += mt_counters.tombstones;
-            f.deletes_dropped += mt_counters.deletes_dropped;
-        }
+        self.count_flush(&table, (dropped_tombstones, dropped_expired), &mt_counters);
         self.flushed.notify();
         self.compact_wanted.notify();
         Ok(())
+    }
+
+    /// Adds one committed flush to the counters: (tombstones, expired) it dropped, the table it
+    /// wrote, the memtable's own counts.
+    fn count_flush(
+        &self,
+        table: &Option<(Rc<Table>, u64)>,
+        (dropped_tombstones, dropped_expired): (u64, u64),
+        mt_counters: &MemtableCounters,
+    ) {
+        let mut c = self.counters.borrow_mut();
+        c.flushes += 1;
+        c.flush_tombstones_dropped += dropped_tombstones;
+        c.flush_expired_dropped += dropped_expired;
+        if let Some((t, len)) = table {
+            c.flush_bytes_written += len;
+            c.flush_entries += t.props().entries();
+        }
+        let f = &mut c.flushed_memtables;
+        f.puts += mt_counters.puts;
+        f.annihilated += mt_counters.annihilated;
+        f.tombstones += mt_counters.tombstones;
+        f.deletes_dropped += mt_counters.deletes_dropped;
     }
 
     /// Sleeps `delay`, or less if the engine shuts down meanwhile.

@@ -54,6 +54,7 @@ use crate::message::Value;
 use crate::ops::ratelimit::{LogLimit, LOG_INTERVAL_MS};
 use crate::storage::{StoreError, WriteBatch};
 
+mod adopt;
 mod compact;
 mod flush;
 mod read;
@@ -445,6 +446,16 @@ impl Engine {
     /// Whether a graceful close flushes the memtable (`LsmOptions::flush_on_close`).
     pub fn flush_on_close(&self) -> bool {
         self.inner.options.flush_on_close
+    }
+
+    /// The settings this engine was opened with.
+    pub fn options(&self) -> &LsmOptions {
+        &self.inner.options
+    }
+
+    /// The task queue of its flusher and compactor (another engine on this shard may share it).
+    pub fn background_queue(&self) -> TaskQueueHandle {
+        self.queue
     }
 
     /// The directory this engine lives in.
