@@ -211,12 +211,22 @@ fn healthz(server: &Server) -> (u16, String) {
 }
 
 /// The server's output lines that contain every one of `words`.
+/// The server's output lines holding all of `words`, waiting up to 10 s for one: stdout (where
+/// the listening line that ends the start-up wait goes) and stderr (the warnings) are read by
+/// two threads, so a warning logged before the listening line may still be on its way.
 fn lines_with(server: &Server, words: &[&str]) -> Vec<String> {
-    server
-        .drain_output()
-        .into_iter()
-        .filter(|l| words.iter().all(|w| l.contains(w)))
-        .collect()
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Vec<String> = server
+            .drain_output()
+            .into_iter()
+            .filter(|l| words.iter().all(|w| l.contains(w)))
+            .collect();
+        if !found.is_empty() || std::time::Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Restarts on `data_dir` (after a kill) and expects `/healthz` to be a plain `ok` again: a
