@@ -210,14 +210,26 @@ impl Server {
         }
     }
 
-    /// Lines the server printed since start (stdout and stderr), without waiting.
+    /// Lines the server printed since start (stdout and stderr). While it runs, those read so
+    /// far, without waiting. Once it has exited (or was killed), every line up to its end:
+    /// stdout and stderr are read by two threads that may still be forwarding the last lines
+    /// when the exit is seen, so this waits (up to 5 s) until both pipes are closed and read.
     pub fn drain_output(&self) -> Vec<String> {
         let mut lines = std::mem::take(&mut *self.startup_lines.borrow_mut());
-        lines.extend(self.output.try_iter());
-        lines
+        if self.child.is_some() {
+            lines.extend(self.output.try_iter());
+            return lines;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.output.recv_timeout(left) {
+                Ok(line) => lines.push(line),
+                Err(_) => return lines,
+            }
+        }
     }
 
-    /// Whether the process is still running.
     /// Waits up to `timeout` for the server to exit on its own; its exit status, or `None` if it
     /// was still running (it is then killed).
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
@@ -236,6 +248,7 @@ impl Server {
         }
     }
 
+    /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {
             Some(c) => matches!(c.try_wait(), Ok(None)),
